@@ -1,0 +1,77 @@
+"""Human views of a DAG: a text summary and a Graphviz digraph (pure)."""
+
+from __future__ import annotations
+
+import json
+
+from servegraph.graph import model
+from servegraph.render.workers import GiB, plan_worker_groups
+
+
+def _kind(node: model.Node) -> str:
+    match node.kind:
+        case model.DeploymentKind(import_path=path):
+            return path
+        case model.SequenceKind():
+            return "sequence"
+        case model.EnsembleKind():
+            return "ensemble"
+        case model.SwitchKind(field=field, header=header):
+            return f"switch on {'field ' + field if field else 'header ' + str(header)}"
+        case model.SplitterKind(routes=routes):
+            return "splitter " + "/".join(str(w) for _, w in routes)
+
+
+def _resources(node: model.Node) -> str:
+    r = node.resources
+    parts = [f"cpu={r.cpus:g}"]
+    if r.num_gpus:
+        parts.append(f"gpu={r.num_gpus:g}" + (f" ({r.accelerator_type})" if r.accelerator_type else ""))
+    if r.memory_bytes:
+        parts.append(f"mem={r.memory_bytes / GiB:g}Gi")
+    parts += [f"{k}={v:g}" for k, v in r.custom]
+    lo, initial, hi = node.replica_range
+    replicas = f"replicas={lo}" if node.autoscaling is None else f"replicas={lo}..{hi} (start {initial})"
+    return " ".join([replicas, *parts])
+
+
+def describe(graph: model.Graph) -> str:
+    lines = [
+        f"graph {graph.name} version {graph.version!r} (schema {graph.schema_version}): "
+        f"{len(graph.applications)} applications, {graph.node_count} nodes"
+    ]
+    for app in graph.applications:
+        lines.append(f"application {app.name}  route {app.route_prefix}  ingress {app.ingress}")
+        for node in app.ordered_nodes():
+            lines.append(f"  node {node.id}: {_kind(node)}  [{_resources(node)}]")
+            for child in node.edges:
+                lines.append(f"    -> {child}")
+    lines.append("worker groups")
+    for plan in plan_worker_groups(graph):
+        shape = f"cpu={plan.cpus:g} gpu={plan.gpus} mem={plan.memory_bytes / GiB:g}Gi"
+        lines.append(
+            f"  {plan.name}: {shape} workers={plan.min_workers}..{plan.max_workers} (start {plan.initial_workers})"
+            f"  hosts {', '.join(plan.nodes)}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def to_dot(graph: model.Graph) -> str:
+    """One cluster per application; edges point from a node to what it calls."""
+    lines = [f"digraph {json.dumps(graph.name)} {{", "  rankdir=LR;"]
+    for i, app in enumerate(graph.applications):
+        lines.append(f"  subgraph cluster_{i} {{")
+        lines.append(f"    label={json.dumps(app.name + ' ' + app.route_prefix)};")
+        for node in app.ordered_nodes():
+            shape = "box" if isinstance(node.kind, model.DeploymentKind) else "diamond"
+            peripheries = 2 if node.id == app.ingress else 1
+            label = f"{node.id}\\n{_kind(node)}"
+            lines.append(
+                f'    {json.dumps(app.name + "/" + node.id)} [label="{label}", shape={shape}, peripheries={peripheries}];'
+            )
+        for node in app.ordered_nodes():
+            for child in node.edges:
+                lines.append(f"    {json.dumps(app.name + '/' + node.id)} -> {json.dumps(app.name + '/' + child)};")
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

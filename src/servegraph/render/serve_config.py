@@ -1,0 +1,246 @@
+"""DAG → Ray Serve config, in the shape `serve deploy`, the dashboard's
+`PUT /api/serve/applications/` and KubeRay's serveConfigV2 all accept.
+
+The wiring of each DAG travels in the application's `args` (Serve can only
+override options of deployments the application builds; it cannot bind them),
+and `servegraph.runtime:build` rebuilds the DAG from it inside Ray. The per-node
+options go into `deployments`, where KubeRay users expect them and where a
+`user_config` change reaches replicas without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from servegraph.graph import model
+
+RUNTIME_IMPORT_PATH = "servegraph.runtime:build"
+SERVE_HTTP_PORT = 8000
+
+_Base: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml is ~10x faster, same output
+
+
+class _Dumper(_Base):  # type: ignore[misc]
+    """Never emits anchors and aliases: readers of a manifest expect plain YAML."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: Any, data: str) -> Any:
+    style = "|" if "\n" in data and not data.startswith(" ") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render_serve_config(graph: model.Graph) -> dict[str, Any]:
+    """Build the Serve config dict; key order is fixed so the YAML is stable."""
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "0.0.0.0", "port": SERVE_HTTP_PORT},  # noqa: S104 - Serve's proxy must be reachable by the Service
+        "applications": [_application(graph, app) for app in graph.applications],
+    }
+
+
+def serve_config_yaml(graph: model.Graph) -> str:
+    """The exact serveConfigV2 string: same graph, byte-identical text.
+
+    KubeRay re-pushes the config whenever this string changes, so determinism
+    here is what keeps a steady cluster steady. See `config_yaml` for the layout.
+    """
+    return config_yaml(render_serve_config(graph))
+
+
+def config_yaml(config: Mapping[str, Any]) -> str:
+    """YAML with one line per node and per deployment.
+
+    The upper levels (applications, args) are block YAML; each node, each
+    deployment's options and other deep values are one JSON line, which is a
+    YAML flow collection. A change to one node is then a one-line diff in
+    GitOps review, and emitting it is ~30x faster than PyYAML's representer
+    (10,000 nodes: ~0.07 s instead of ~2 s) because each line is `json.dumps`.
+    """
+    lines: list[str] = []
+    _emit(config, 0, "", lines)
+    return "\n".join(lines) + "\n"
+
+
+_FLOW_DEPTH = 4
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./:-]*")
+_YAML11_WORDS = frozenset({"y", "n", "yes", "no", "true", "false", "on", "off", "null"})
+# Characters YAML reads as line breaks, forbids raw, or treats as a BOM: escape them.
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
+
+
+# JSON writes 1e+16 where YAML 1.1 readers (PyYAML) need a dot to see a float.
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_EXPONENT_HINT = re.compile(r"\de[-+]?\d")
+_DOTLESS_EXPONENT = re.compile(r'("(?:[^"\\]|\\.)*")|(?<![\w.])(-?\d+)(e[-+]?\d+)')
+
+
+def _dotted(m: re.Match[str]) -> str:
+    return m.group(1) or f"{m.group(2)}.0{m.group(3)}"
+
+
+def _flow(value: Any) -> str:
+    if isinstance(value, str) and _PLAIN.fullmatch(value) and value.lower() not in _YAML11_WORDS:
+        return value
+    text = _JSON.encode(value)
+    if _EXPONENT_HINT.search(text):
+        text = _DOTLESS_EXPONENT.sub(_dotted, text)
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _key(key: str) -> str:
+    return key if _PLAIN.fullmatch(key) and key.lower() not in _YAML11_WORDS else _flow(key)
+
+
+def _emit(value: Mapping[str, Any] | list[Any], depth: int, indent: str, lines: list[str]) -> None:
+    """Append `value` as block YAML at `indent`; deep or scalar items become flow lines."""
+    pairs = (
+        [(f"{indent}{_key(k)}:", v) for k, v in value.items()]
+        if isinstance(value, Mapping)
+        else [(f"{indent}-", v) for v in value]
+    )
+    for head, item in pairs:
+        block = isinstance(item, list) or (isinstance(item, Mapping) and depth + 1 < _FLOW_DEPTH)
+        if not block or not item:
+            lines.append(f"{head} {_flow(item)}")
+            continue
+        sub: list[str] = []
+        _emit(item, depth + 1, indent + "  ", sub)
+        if head.endswith("-") and isinstance(item, Mapping):
+            # A mapping in a list starts on the dash's line, as PyYAML writes it.
+            lines.append(f"{head} {sub[0].lstrip()}")
+            lines.extend(sub[1:])
+        else:
+            lines.append(head)
+            lines.extend(sub)
+
+
+def dump_yaml(data: Any) -> str:
+    """PyYAML for whole manifests: multi-line strings (serveConfigV2) as `|` blocks."""
+    return str(
+        yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1 << 16)
+    )
+
+
+def _application(graph: model.Graph, app: model.Application) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": app.name,
+        "route_prefix": app.route_prefix,
+        "import_path": RUNTIME_IMPORT_PATH,
+    }
+    env = _runtime_env(app.runtime_env)
+    if env:
+        out["runtime_env"] = env
+    out["args"] = {
+        "graph": {"name": graph.name, "version": graph.version},
+        "ingress": app.ingress,
+        "nodes": [_node_args(node) for node in app.ordered_nodes()],
+    }
+    out["deployments"] = [deployment_options(node) for node in app.ordered_nodes()]
+    return out
+
+
+def _runtime_env(env: model.RuntimeEnv) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if env.pip:
+        out["pip"] = list(env.pip)
+    if env.env_vars:
+        out["env_vars"] = dict(env.env_vars)
+    if env.working_dir:
+        out["working_dir"] = env.working_dir
+    if env.py_modules:
+        out["py_modules"] = list(env.py_modules)
+    return out
+
+
+def _arg(arg: model.Argument) -> dict[str, Any]:
+    if isinstance(arg, model.Ref):
+        return {"node": arg.node}
+    return {"value": arg.value}
+
+
+def _node_args(node: model.Node) -> dict[str, Any]:
+    """The runtime's view of a node: what to build and what to bind into it."""
+    kind = node.kind
+    body: dict[str, Any]
+    match kind:
+        case model.DeploymentKind():
+            body = {"import_path": kind.import_path}
+            if kind.args:
+                body["args"] = [_arg(a) for a in kind.args]
+            if kind.kwargs:
+                body["kwargs"] = {k: _arg(v) for k, v in kind.kwargs}
+            return {"id": node.id, "deployment": body}
+        case model.SequenceKind():
+            return {"id": node.id, "sequence": {"steps": list(kind.steps)}}
+        case model.EnsembleKind():
+            body = {"members": list(kind.members)}
+            if kind.combiner:
+                body["combiner"] = kind.combiner
+            return {"id": node.id, "ensemble": body}
+        case model.SwitchKind():
+            body = {"field": kind.field} if kind.field is not None else {"header": kind.header}
+            body["cases"] = [{"equals": v, "node": n} for v, n in kind.cases]
+            body["default"] = kind.default
+            return {"id": node.id, "switch": body}
+        case model.SplitterKind():
+            return {"id": node.id, "splitter": {"routes": [{"node": n, "weight": w} for n, w in kind.routes]}}
+
+
+def deployment_options(node: model.Node) -> dict[str, Any]:
+    """Ray Serve deployment options for one node; unset fields keep Serve's defaults."""
+    out: dict[str, Any] = {"name": node.id}
+    if node.autoscaling is not None:
+        a = node.autoscaling
+        auto: dict[str, Any] = {"min_replicas": a.min_replicas, "max_replicas": a.max_replicas}
+        optional = {
+            "initial_replicas": a.initial_replicas,
+            "target_ongoing_requests": a.target_ongoing_requests,
+            "upscale_delay_s": a.upscale_delay_s,
+            "downscale_delay_s": a.downscale_delay_s,
+        }
+        auto.update({k: v for k, v in optional.items() if v is not None})
+        out["autoscaling_config"] = auto
+    else:
+        out["num_replicas"] = 1 if node.num_replicas is None else node.num_replicas
+    scalars = {
+        "max_ongoing_requests": node.max_ongoing_requests,
+        "max_queued_requests": node.max_queued_requests,
+        "health_check_period_s": node.health_check_period_s,
+        "health_check_timeout_s": node.health_check_timeout_s,
+        "graceful_shutdown_wait_loop_s": node.graceful_shutdown_wait_loop_s,
+        "graceful_shutdown_timeout_s": node.graceful_shutdown_timeout_s,
+        "max_replicas_per_node": node.max_replicas_per_node,
+    }
+    out.update({k: v for k, v in scalars.items() if v is not None})
+    if node.user_config is not None:
+        out["user_config"] = dict(node.user_config)
+    actor = _actor_options(node.resources)
+    if actor:
+        out["ray_actor_options"] = actor
+    return out
+
+
+def _actor_options(r: model.Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if r.num_cpus is not None:
+        out["num_cpus"] = r.num_cpus
+    if r.num_gpus:
+        out["num_gpus"] = r.num_gpus
+    if r.memory_bytes:
+        out["memory"] = r.memory_bytes
+    if r.custom:
+        out["resources"] = dict(r.custom)
+    if r.accelerator_type:
+        out["accelerator_type"] = r.accelerator_type
+    return out

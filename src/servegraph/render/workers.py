@@ -1,0 +1,159 @@
+"""Size the Ray cluster's worker groups from the DAG's resource needs.
+
+Nodes are split into groups by what hardware they need (CPU only, any GPU, a
+given accelerator type), each group's pod shape fits its largest replica, and
+the worker counts come from the replicas x resources the group must hold at its
+minimum, initial and maximum scale. This is an estimate by aggregate demand;
+where any node autoscales, KubeRay's in-tree autoscaler adjusts within the
+bounds rendered here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from servegraph.graph import model
+from servegraph.graph.errors import GraphError, Problem, where
+
+GiB = 1024**3
+CPU_DEFAULTS = (4.0, 0, 16 * GiB)
+GPU_DEFAULTS = (8.0, 1, 32 * GiB)
+
+
+@dataclass(frozen=True)
+class WorkerGroupPlan:
+    name: str
+    cpus: float
+    gpus: int
+    memory_bytes: int
+    min_workers: int
+    initial_workers: int
+    max_workers: int
+    nodes: tuple[str, ...]
+    """`application/node` of every node the group hosts."""
+    custom_resources: tuple[tuple[str, float], ...] = ()
+    accelerator_type: str | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class _Demand:
+    hint: model.WorkerGroupHint
+    nodes: list[tuple[str, model.Node]]
+
+
+def plan_worker_groups(graph: model.Graph) -> tuple[WorkerGroupPlan, ...]:
+    """One plan per group that hosts at least one node, in a stable order."""
+    groups: dict[str, _Demand] = {}
+    for app in graph.applications:
+        for node in app.ordered_nodes():
+            hint = _hint_for(graph.cluster.worker_groups, node.resources)
+            name = hint.name or _default_name(hint)
+            groups.setdefault(name, _Demand(hint, [])).nodes.append((app.name, node))
+    plans = []
+    problems: list[Problem] = []
+    for name in sorted(groups):
+        plan = _plan(name, groups[name], problems)
+        if plan is not None:
+            plans.append(plan)
+    if problems:
+        raise GraphError(problems)
+    return tuple(plans)
+
+
+def uses_autoscaling(graph: model.Graph) -> bool:
+    return any(n.autoscaling is not None for a in graph.applications for n in a.nodes.values())
+
+
+def _hint_for(hints: tuple[model.WorkerGroupHint, ...], r: model.Resources) -> model.WorkerGroupHint:
+    needs_gpu = r.num_gpus > 0
+    for hint in hints:
+        if hint.accelerator_type:
+            if hint.accelerator_type == r.accelerator_type:
+                return hint
+        elif hint.gpu == needs_gpu and not (needs_gpu and r.accelerator_type):
+            return hint
+    return model.WorkerGroupHint(gpu=needs_gpu, accelerator_type=r.accelerator_type if needs_gpu else None)
+
+
+def _default_name(hint: model.WorkerGroupHint) -> str:
+    if hint.accelerator_type:
+        slug = re.sub(r"[^a-z0-9]+", "-", hint.accelerator_type.lower()).strip("-")[:15].strip("-")
+        return f"gpu-{slug}" if slug else "gpu"
+    return "gpu" if hint.gpu else "cpu"
+
+
+def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPlan | None:
+    hint = demand.hint
+    dflt_cpu, dflt_gpu, dflt_mem = GPU_DEFAULTS if hint.gpu else CPU_DEFAULTS
+    cpus = hint.cpus_per_worker or dflt_cpu
+    gpus = hint.gpus_per_worker or dflt_gpu
+    mem = hint.memory_bytes_per_worker or dflt_mem
+    custom: dict[str, float] = {}
+    ok = True
+    for app, node in demand.nodes:
+        r = node.resources
+        if hint.cpus_per_worker is None:
+            cpus = max(cpus, float(math.ceil(r.cpus)))
+        if hint.gpus_per_worker is None:
+            gpus = max(gpus, math.ceil(r.num_gpus))
+        if hint.memory_bytes_per_worker is None:
+            mem = max(mem, math.ceil(r.memory_bytes / GiB) * GiB)
+        for res, amount in r.custom:
+            custom[res] = max(custom.get(res, 0.0), float(math.ceil(amount)))
+        too_big = [
+            f"{what} {need:g} > {have:g}"
+            for what, need, have in (
+                ("num_cpus", r.cpus, cpus),
+                ("num_gpus", r.num_gpus, gpus),
+                ("memory_bytes", r.memory_bytes, mem),
+            )
+            if need > have
+        ]
+        if too_big:
+            problems.append(
+                Problem(
+                    where(app=app, node=node.id, field="resources"),
+                    f'one replica does not fit a worker of group "{name}": {", ".join(too_big)}',
+                )
+            )
+            ok = False
+    if not ok:
+        return None
+
+    def workers(pick: int) -> int:
+        cpu = gpu = memory = 0.0
+        need = 0
+        extra: dict[str, float] = {}
+        for _, node in demand.nodes:
+            replicas = node.replica_range[pick]
+            r = node.resources
+            cpu += replicas * r.cpus
+            gpu += replicas * r.num_gpus
+            memory += replicas * r.memory_bytes
+            for res, amount in r.custom:
+                extra[res] = extra.get(res, 0.0) + replicas * amount
+            if node.max_replicas_per_node and replicas:
+                need = max(need, math.ceil(replicas / node.max_replicas_per_node))
+        ratios = [cpu / cpus if cpus else 0.0, gpu / gpus if gpus else 0.0, memory / mem]
+        ratios += [extra[res] / custom[res] for res in extra]
+        return max(need, math.ceil(max(ratios) - 1e-9))
+
+    lo, initial, hi = workers(0), workers(1), workers(2)
+    if hint.max_workers is not None:
+        lo, initial, hi = (min(v, hint.max_workers) for v in (lo, initial, hi))
+    return WorkerGroupPlan(
+        name=name,
+        cpus=cpus,
+        gpus=gpus,
+        memory_bytes=mem,
+        min_workers=lo,
+        initial_workers=initial,
+        max_workers=hi,
+        nodes=tuple(f"{app}/{node.id}" for app, node in demand.nodes),
+        custom_resources=tuple(sorted(custom.items())),
+        accelerator_type=hint.accelerator_type,
+        node_selector=hint.node_selector,
+    )
