@@ -1,34 +1,44 @@
-"""Shared pytest configuration: paths and the real binaries' directory."""
+"""Fixtures every test folder may use: KubeRay's CRDs and a real HTTPS graph registry."""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import trustme
+from support import REGISTRY_TOKEN, testenv_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "config" / "samples"
-
-
-def testenv_dir() -> Path:
-    """The directory of real control-plane binaries and KubeRay CRDs.
-
-    `make test` passes it in SERVEGRAPH_TESTENV; otherwise build.sh finds or
-    builds it (instant once cached).
-    """
-    env = os.environ.get("SERVEGRAPH_TESTENV")
-    if env:
-        return Path(env)
-    out = subprocess.run(
-        ["bash", str(ROOT / "hack" / "testenv" / "build.sh")], check=True, capture_output=True, text=True
-    )
-    path = Path(out.stdout.strip().splitlines()[-1])
-    os.environ["SERVEGRAPH_TESTENV"] = str(path)
-    return path
+from servegraph.registry.server import Registry, RegistryServer
 
 
 @pytest.fixture(scope="session")
 def kuberay_crds() -> Path:
+    """KubeRay's own CRD files, from the module the operator is built from."""
     return testenv_dir() / "crds"
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    """A throwaway CA: the registry's certificate is trusted only by who is given it."""
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def server_ssl(ca: trustme.CA) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
+    return ctx
+
+
+@pytest.fixture
+def ca_pem(ca: trustme.CA) -> str:
+    return ca.cert_pem.bytes().decode()
+
+
+@pytest.fixture
+async def registry(server_ssl: ssl.SSLContext) -> AsyncIterator[RegistryServer]:
+    """A real HTTPS registry on loopback that checks REGISTRY_TOKEN as a bearer token."""
+    async with RegistryServer(Registry(token=REGISTRY_TOKEN), server_ssl) as server:
+        yield server

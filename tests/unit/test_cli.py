@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import SAMPLES
+from support import SAMPLES
 
 from servegraph.graph import load_graph
 from servegraph.render import render_serve_config

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from support import ROOT
 
 
 def test_regenerating_changes_nothing() -> None:

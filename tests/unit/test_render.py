@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from builders import chain_app, deployment, graph, ref
-from conftest import SAMPLES
+from support import SAMPLES
 
 from servegraph.graph import GraphError, load_graph
 from servegraph.graph.validate import to_model

@@ -8,8 +8,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import SAMPLES
 from ray.serve.schema import ServeDeploySchema
+from support import SAMPLES
 
 from servegraph.graph import Format, decode, encode, load_graph
 from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config, serve_config_yaml

@@ -1,0 +1,155 @@
+"""Async Kubernetes access (kubernetes_asyncio): RayServices, ServeGraph status,
+Secrets, ConfigMaps and Events. Nothing here decides anything."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.rest import ApiException
+
+from servegraph.operator.spec import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "servegraph-operator"
+RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayservices"
+
+
+class KubeError(Exception):
+    """An API call failed; `reason` is the API's reason (NotFound, Forbidden, ...)."""
+
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+
+
+def _error(exc: ApiException, what: str) -> KubeError:
+    """Keep the API's own reason and message: they say which field or rule failed."""
+    try:
+        status = json.loads(exc.body) if exc.body else {}
+    except ValueError:
+        status = {}
+    if not isinstance(status, dict):
+        status = {}
+    reason = str(status.get("reason") or exc.reason or "Error")
+    detail = status.get("message") or f"HTTP {exc.status} {exc.reason}"
+    return KubeError(reason, f"{what}: {detail}", exc.status)
+
+
+async def connect(kubeconfig: str | None = None) -> client.ApiClient:
+    """A kubeconfig when one is given or found, else the in-cluster service account."""
+    cfg = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if kubeconfig or os.environ.get("KUBECONFIG") or Path(path).exists():  # noqa: ASYNC240 - once at start-up
+        await config.load_kube_config(config_file=path, client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return client.ApiClient(configuration=cfg)
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+
+    async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _error(exc, f"get RayService {namespace}/{name}") from None
+        return obj
+
+    async def apply_rayservice(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply, forcing ownership of every field we render."""
+        meta = manifest["metadata"]
+        try:
+            obj: dict[str, Any] = await self._custom.patch_namespaced_custom_object(
+                RAY_GROUP,
+                RAY_VERSION,
+                meta["namespace"],
+                RAY_PLURAL,
+                meta["name"],
+                body=dict(manifest),
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except ApiException as exc:
+            raise _error(exc, f"apply RayService {meta['namespace']}/{meta['name']}") from None
+        return obj
+
+    async def patch_servegraph_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        try:
+            await self._custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body={"status": dict(patch)},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            raise _error(exc, f"patch status of ServeGraph {namespace}/{name}") from None
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> tuple[str, str]:
+        """(value, resourceVersion) of one key; errors name the Secret and key, never the value."""
+        try:
+            secret = await self._core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            raise _error(exc, f"read Secret {namespace}/{name}") from None
+        data = secret.data or {}
+        if key not in data:
+            raise KubeError("KeyNotFound", f"Secret {namespace}/{name} has no key {key!r}")
+        try:
+            value = base64.b64decode(data[key]).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            raise KubeError("InvalidValue", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
+        return value, str(secret.metadata.resource_version)
+
+    async def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
+        try:
+            cm = await self._core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            raise _error(exc, f"read ConfigMap {namespace}/{name}") from None
+        data = cm.data or {}
+        if key not in data:
+            raise KubeError("KeyNotFound", f"ConfigMap {namespace}/{name} has no key {key!r}")
+        return str(data[key])
+
+    async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: str) -> None:
+        """A core/v1 Event on the ServeGraph; failures to post are not fatal."""
+        meta = involved["metadata"]
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ServeGraph",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": os.environ.get("HOSTNAME", FIELD_MANAGER),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as exc:
+            raise _error(exc, "post Event") from None

@@ -1,0 +1,53 @@
+"""metav1.Condition bookkeeping (pure): a transition time moves only on a change."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+TYPES = ("Fetched", "GraphValid", "Applied", "Ready")
+MAX_MESSAGE = 4096
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool | None  # None is "Unknown"
+    reason: str
+    message: str
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status_word(status: bool | None) -> str:
+    return "Unknown" if status is None else ("True" if status else "False")
+
+
+def merge(
+    current: Sequence[dict[str, Any]], updates: Sequence[Condition], generation: int, now: str
+) -> list[dict[str, Any]]:
+    """New conditions list: updated ones replace, others stay, fixed order by TYPES."""
+    by_type = {c["type"]: dict(c) for c in current}
+    for u in updates:
+        old = by_type.get(u.type)
+        word = _status_word(u.status)
+        message = u.message if len(u.message) <= MAX_MESSAGE else u.message[: MAX_MESSAGE - 1] + "…"
+        changed = old is None or old.get("status") != word
+        by_type[u.type] = {
+            "type": u.type,
+            "status": word,
+            "reason": u.reason,
+            "message": message,
+            "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
+            "observedGeneration": generation,
+        }
+    order = {t: i for i, t in enumerate(TYPES)}
+    return sorted(by_type.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
+
+
+def get(conditions: Sequence[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type_), None)

@@ -1,0 +1,56 @@
+"""The operator's whole event surface, on one screen: kopf decorators only.
+
+Every watch handler just tells the reconciler what changed; the reconcile runs
+on the work queue. kopf stores no state on our objects (only `on.event`
+handlers, no finalizers, no annotations), so deleting a ServeGraph never waits
+for the operator and a quiet cluster sees no writes from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from servegraph.operator import runtime
+from servegraph.operator.spec import GRAPH_LABEL, GROUP, PLURAL, VERSION
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup()
+async def startup(
+    settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
+) -> None:
+    settings.posting.enabled = False  # we post our own Events, on transitions only
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 600
+    memo.operator = await runtime.start(memo.options)
+    logger.info("servegraph operator started")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: Any, **_: Any) -> None:
+    operator = getattr(memo, "operator", None)
+    if operator is not None:
+        await operator.stop()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    memo.operator.reconciler.servegraph_changed(event["object"], deleted=event["type"] == "DELETED")
+
+
+@kopf.on.event("", "v1", "secrets")
+def secret_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    meta = event["object"].get("metadata") or {}
+    memo.operator.reconciler.secret_changed(meta.get("namespace", ""), meta.get("name", ""))
+
+
+@kopf.on.event("ray.io", "v1", "rayservices", labels={GRAPH_LABEL: kopf.PRESENT})
+def rayservice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    memo.operator.reconciler.rayservice_changed(event["object"], deleted=event["type"] == "DELETED")

@@ -1,0 +1,83 @@
+"""A work queue with per-key de-duplication and rate-limited retries.
+
+The shape of client-go's workqueue: a key is processed by one worker at a time;
+adding a key while it is processed marks it dirty so it runs once more after;
+failures back off exponentially per key. Triggers (watch events, timers,
+webhooks) only add keys, so a burst of events costs one reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, base_delay_s: float = 1.0, max_delay_s: float = 300.0) -> None:
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()
+        self._failures: dict[K, int] = {}
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._base = base_delay_s
+        self._max = max_delay_s
+
+    def add(self, key: K) -> None:
+        if key in self._processing:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: K, delay_s: float) -> None:
+        """Add later; an earlier pending timer for the key wins over a later one."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, delay_s)
+        timer = self._timers.get(key)
+        if timer is not None and not timer.cancelled() and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def _fire(self, key: K) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def retry(self, key: K) -> float:
+        """Requeue after a failure with exponential backoff and jitter; returns the delay."""
+        n = self._failures.get(key, 0)
+        self._failures[key] = n + 1
+        delay: float = min(self._max, self._base * 2**n) * random.uniform(0.8, 1.2)  # noqa: S311 - jitter
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: K) -> None:
+        self._failures.pop(key, None)
+
+    def discard(self, key: K) -> None:
+        """Drop every trace of a key (its object was deleted)."""
+        self.forget(key)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def get(self) -> K:
+        key = await self._queue.get()
+        self._queued.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: K) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+    def __len__(self) -> int:
+        return len(self._queued)

@@ -1,0 +1,410 @@
+"""The reconcile: fetch → graph → render → apply → status, for one ServeGraph.
+
+Level-triggered: the desired RayService is a function of the spec, the last good
+graph and nothing else, so any trigger may run it any number of times. A failed
+download or an invalid graph changes conditions, never the running RayService.
+In steady state it reads nothing but the RayService and writes nothing at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from servegraph.graph import Graph, GraphError, parse_graph
+from servegraph.kube import Kube, KubeError
+from servegraph.operator import conditions
+from servegraph.operator.conditions import Condition
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.spec import REFRESH_ANNOTATION, Source, SpecError, owner_reference, parse_spec
+from servegraph.operator.status import contains, merge_patch, mirror_applications, ready_condition
+from servegraph.render import render_rayservice
+from servegraph.render.rayservice import SPEC_HASH_ANNOTATION
+from servegraph.source import FetchError, FetchRequest, fetch
+
+log = logging.getLogger("servegraph.operator")
+
+Key = tuple[str, str]
+MAX_PROBLEMS_SHOWN = 20
+RETRY_FETCH_MIN_S = 1.0
+
+
+class RetryLater(Exception):
+    """The reconcile did what it could; run it again after a backoff."""
+
+
+@dataclass
+class Observed:
+    """What the operator remembers of one ServeGraph between reconciles (memory only)."""
+
+    source: Source | None = None
+    refresh: str | None = None
+    force_fetch: bool = False
+    retry_fetch_at: float = 0.0
+    """Monotonic time after which a failed download may be tried again; 0 when none failed."""
+    poll_due: float = 0.0
+    etag: str | None = None
+    graph: Graph | None = None
+    digest: str | None = None
+    size: int = 0
+    conditions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Outcome:
+    """What one reconcile learned, before it becomes status and events."""
+
+    fetched: Condition | None = None
+    valid: Condition | None = None
+    applied: Condition | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    retry: bool = False
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, session: aiohttp.ClientSession, metrics: Metrics, queue: WorkQueue[Key]) -> None:
+        self.kube = kube
+        self.session = session
+        self.metrics = metrics
+        self.queue = queue
+        self.bodies: dict[Key, dict[str, Any]] = {}
+        self.observed: dict[Key, Observed] = {}
+        # The owned RayServices as the watch last showed them (None: deleted), so that a
+        # reconcile triggered by KubeRay's status updates costs no API request at all.
+        self.rayservices: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._secret_refs: dict[Key, set[tuple[str, str]]] = {}
+        metrics.watch_conditions(self._condition_pairs)
+
+    # -- triggers: each only records what changed and queues the key -------------
+
+    def servegraph_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if deleted:
+            self.bodies.pop(key, None)
+            self.observed.pop(key, None)
+            self._secret_refs.pop(key, None)
+            self.queue.discard(key)
+            return
+        self.bodies[key] = dict(body)
+        src = (body.get("spec") or {}).get("source") or {}
+        refs = {(key[0], (src.get("tokenSecretRef") or {}).get("name", ""))}
+        ca_ref = (src.get("caBundle") or {}).get("secretRef")
+        if ca_ref:
+            refs.add((key[0], ca_ref.get("name", "")))
+        self._secret_refs[key] = refs
+        self.queue.add(key)
+
+    def secret_changed(self, namespace: str, name: str) -> None:
+        """A referenced Secret changed (token rotation): fetch again with it."""
+        for key, refs in self._secret_refs.items():
+            if (namespace, name) in refs:
+                self.observed.setdefault(key, Observed()).force_fetch = True
+                self.queue.add(key)
+
+    def rayservice_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        """An owned RayService changed or vanished: repair drift, mirror status."""
+        meta = body.get("metadata") or {}
+        self.rayservices[(meta.get("namespace", ""), meta.get("name", ""))] = None if deleted else dict(body)
+        for owner in meta.get("ownerReferences") or ():
+            if owner.get("kind") == "ServeGraph" and owner.get("apiVersion", "").startswith("servegraph.io/"):
+                key = (meta.get("namespace", ""), owner.get("name", ""))
+                if key in self.bodies:
+                    self.queue.add(key)
+
+    def _condition_pairs(self) -> Iterator[tuple[str, str]]:
+        for obs in list(self.observed.values()):
+            yield from obs.conditions.items()
+
+    # -- the reconcile ------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> float | None:
+        """One pass; returns seconds until the next poll, or raises RetryLater."""
+        body = self.bodies.get(key)
+        if body is None:
+            return None
+        start = time.monotonic()
+        result = "error"
+        try:
+            delay = await self._reconcile(key, body)
+            result = "success"
+            return delay
+        except RetryLater:
+            result = "retry"
+            raise
+        finally:
+            self.metrics.reconciles.labels(result).inc()
+            self.metrics.reconcile_seconds.labels(result).observe(time.monotonic() - start)
+
+    async def _reconcile(self, key: Key, body: dict[str, Any]) -> float | None:
+        namespace, name = key
+        obs = self.observed.setdefault(key, Observed())
+        out = _Outcome()
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except SpecError as exc:
+            out.fetched = Condition("Fetched", False, "InvalidSpec", str(exc))
+            await self._write_status(body, obs, out, None, None)
+            return None
+
+        refresh = (body["metadata"].get("annotations") or {}).get(REFRESH_ANNOTATION)
+        if self._needs_fetch(obs, spec.source, refresh, time.monotonic()):
+            await self._fetch(body, obs, spec.source, refresh, out)
+
+        live = None
+        rs_name = None
+        if obs.graph is not None:
+            options = spec.rayservice_options(name, namespace, owner_reference(body))
+            try:
+                desired = render_rayservice(obs.graph, options)
+            except GraphError as exc:
+                out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
+                desired = None
+            if desired is not None:
+                rs_name = desired["metadata"]["name"]
+                live = await self._get_live(namespace, rs_name, out)
+                if not out.retry:
+                    live = await self._apply_if_needed(body, desired, live, out)
+        else:
+            out.applied = Condition("Applied", False, "NoValidGraph", "no valid graph has been downloaded yet")
+        await self._write_status(body, obs, out, live, rs_name)
+        if out.retry:
+            raise RetryLater
+        if spec.source.poll_interval_s:
+            return max(0.0, obs.poll_due - time.monotonic())
+        return None
+
+    def _needs_fetch(self, obs: Observed, source: Source, refresh: str | None, now: float) -> bool:
+        """New inputs fetch at once; a failure waits for its retry; otherwise only a poll fetches."""
+        if obs.force_fetch or obs.source != source or obs.refresh != refresh:
+            return True
+        if obs.retry_fetch_at:
+            return now >= obs.retry_fetch_at
+        return source.poll_interval_s is not None and now >= obs.poll_due
+
+    async def _fetch(
+        self, body: dict[str, Any], obs: Observed, source: Source, refresh: str | None, out: _Outcome
+    ) -> None:
+        namespace = body["metadata"]["namespace"]
+        now = time.monotonic()
+        etag = obs.etag if obs.source == source and obs.graph is not None else None
+        obs.source, obs.refresh, obs.force_fetch = source, refresh, False
+        if source.poll_interval_s:
+            obs.poll_due = now + source.poll_interval_s
+        try:
+            token, _ = await self.kube.read_secret_key(namespace, source.token.name, source.token.key)
+            ca_pem = await self._ca(namespace, source)
+            request = FetchRequest(
+                url=source.url,
+                token=token,
+                etag=etag,
+                timeout_s=source.timeout_s,
+                max_bytes=source.max_bytes,
+                ca_pem=ca_pem,
+                allow_insecure_http=source.allow_insecure_http,
+            )
+            got = await fetch(self.session, request, observe=self.metrics.observe_fetch)
+        except (KubeError, FetchError) as exc:
+            reason = exc.reason if isinstance(exc, FetchError) else f"Secret{exc.reason}"
+            out.fetched = Condition("Fetched", False, reason, str(exc))
+            # Retried on the queue's backoff; events arriving meanwhile do not fetch.
+            obs.retry_fetch_at = now + RETRY_FETCH_MIN_S
+            out.retry = True
+            return
+        obs.retry_fetch_at = 0.0
+        if got.not_modified:
+            out.fetched = Condition("Fetched", True, "NotModified", f"{got.url} has not changed (ETag {got.etag})")
+            return
+        if source.sha256 and got.digest != source.sha256:
+            out.fetched = Condition(
+                "Fetched",
+                False,
+                "DigestMismatch",
+                f"{got.url} served content with sha256 {got.digest}, not the pinned {source.sha256}",
+            )
+            obs.etag = None
+            return
+        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}")
+        try:
+            graph = parse_graph(got.body, max_bytes=source.max_bytes)
+        except GraphError as exc:
+            out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
+            obs.etag = None  # revalidate the next download in full
+            return
+        if got.digest != obs.digest:
+            out.events.append(
+                ("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}")
+            )
+        obs.graph, obs.digest, obs.etag, obs.size = graph, got.digest, got.etag, len(got.body)
+        summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
+        out.valid = Condition("GraphValid", True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}")
+
+    async def _ca(self, namespace: str, source: Source) -> str | None:
+        if source.ca_secret is not None:
+            pem, _ = await self.kube.read_secret_key(namespace, source.ca_secret.name, source.ca_secret.key)
+            return pem
+        if source.ca_config_map is not None:
+            return await self.kube.read_configmap_key(namespace, source.ca_config_map.name, source.ca_config_map.key)
+        return None
+
+    async def _get_live(self, namespace: str, name: str, out: _Outcome) -> dict[str, Any] | None:
+        if (namespace, name) in self.rayservices:
+            return self.rayservices[(namespace, name)]
+        try:
+            return await self.kube.get_rayservice(namespace, name)
+        except KubeError as exc:
+            out.applied = Condition("Applied", False, "ReadFailed", str(exc))
+            out.retry = True
+            return None
+
+    async def _apply_if_needed(
+        self, body: dict[str, Any], desired: dict[str, Any], live: dict[str, Any] | None, out: _Outcome
+    ) -> dict[str, Any] | None:
+        name = desired["metadata"]["name"]
+        if live is not None and _up_to_date(live, desired):
+            out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
+            return live
+        try:
+            applied = await self.kube.apply_rayservice(desired)
+        except KubeError as exc:
+            out.applied = Condition("Applied", False, "ApplyFailed", str(exc))
+            out.retry = True
+            return live
+        self.metrics.writes.labels("rayservice").inc()
+        self.rayservices[(desired["metadata"]["namespace"], name)] = applied
+        verb = "created" if live is None else "updated"
+        ns, sg = body["metadata"]["namespace"], body["metadata"]["name"]
+        log.info("[%s/%s] %s RayService %s", ns, sg, verb, name)
+        out.events.append(("Normal", "Applied", f"{verb} RayService {name}"))
+        out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
+        return applied
+
+    async def _write_status(
+        self, body: dict[str, Any], obs: Observed, out: _Outcome, live: dict[str, Any] | None, rs_name: str | None
+    ) -> None:
+        meta = body["metadata"]
+        old: dict[str, Any] = dict(body.get("status") or {})
+        current = old.get("conditions") or []
+        updates = []
+        for cond, type_ in ((out.fetched, "Fetched"), (out.valid, "GraphValid"), (out.applied, "Applied")):
+            if cond is not None:
+                updates.append(cond)
+            elif (prev := conditions.get(current, type_)) is not None:
+                updates.append(Condition(type_, _bool(prev["status"]), prev["reason"], prev["message"]))
+        applications = mirror_applications(live)
+        if rs_name is not None or obs.graph is None:
+            updates.append(ready_condition(obs.graph, live, applications))
+        now = conditions.now_rfc3339()
+        new = dict(old)
+        new["observedGeneration"] = meta.get("generation", 0)
+        new["conditions"] = conditions.merge(current, updates, meta.get("generation", 0), now)
+        if obs.graph is not None and obs.digest:
+            previous = old.get("graph") or {}
+            new["graph"] = {
+                "name": obs.graph.name,
+                "version": obs.graph.version,
+                "digest": f"sha256:{obs.digest}",
+                "shortDigest": obs.digest[:12],
+                "applications": len(obs.graph.applications),
+                "nodes": obs.graph.node_count,
+            }
+            source = dict(old.get("source") or {})
+            if obs.etag:
+                source["etag"] = obs.etag
+            if previous.get("digest") != new["graph"]["digest"] or "lastFetchTime" not in source:
+                source["lastFetchTime"] = now
+            new["source"] = source
+        if rs_name is not None:
+            new["rayServiceName"] = rs_name
+            new["applications"] = applications
+        obs.conditions = {c["type"]: c["status"] for c in new["conditions"]}
+        patch = merge_patch(old, new)
+        ns, name = meta["namespace"], meta["name"]
+        if patch:
+            try:
+                await self.kube.patch_servegraph_status(ns, name, patch)
+            except KubeError as exc:
+                if exc.status == 404:
+                    return  # deleted meanwhile
+                log.warning("[%s/%s] status update failed: %s", ns, name, exc)
+                raise RetryLater from None
+            self.metrics.writes.labels("status").inc()
+            body["status"] = new
+            self._log_transitions(ns, name, current, new["conditions"], out)
+        for type_, reason, message in out.events:
+            await self._event(body, type_, reason, message, now)
+
+    def _log_transitions(
+        self, ns: str, name: str, before: list[dict[str, Any]], after: list[dict[str, Any]], out: _Outcome
+    ) -> None:
+        """One log line, and a Warning event, per condition that changed."""
+        warnings = {"Fetched": "FetchFailed", "GraphValid": "InvalidGraph", "Applied": "ApplyFailed"}
+        for cond in after:
+            prev = conditions.get(before, cond["type"])
+            if prev is not None and (prev["status"], prev["reason"], prev["message"]) == (
+                cond["status"],
+                cond["reason"],
+                cond["message"],
+            ):
+                continue
+            log.info("[%s/%s] %s=%s %s: %s", ns, name, cond["type"], cond["status"], cond["reason"], cond["message"])
+            if cond["status"] == "False" and cond["type"] in warnings:
+                out.events.append(("Warning", warnings[cond["type"]], f"{cond['reason']}: {cond['message']}"))
+
+    async def _event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
+        try:
+            await self.kube.post_event(body, type_, reason, message, now)
+            self.metrics.writes.labels("event").inc()
+        except KubeError as exc:
+            log.warning(
+                "[%s/%s] cannot post event %s: %s", body["metadata"]["namespace"], body["metadata"]["name"], reason, exc
+            )
+
+
+def _up_to_date(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Our hash annotation matches and every field we render is still as rendered."""
+    lm, dm = live.get("metadata") or {}, desired["metadata"]
+    return (
+        (lm.get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == dm["annotations"][SPEC_HASH_ANNOTATION]
+        and contains(lm.get("labels") or {}, dm["labels"])
+        and contains(lm.get("ownerReferences") or [], dm.get("ownerReferences") or [])
+        and contains(live.get("spec") or {}, desired["spec"])
+    )
+
+
+def _problems(exc: GraphError) -> str:
+    lines = [str(p) for p in exc.problems]
+    if len(lines) > MAX_PROBLEMS_SHOWN:
+        lines = [*lines[:MAX_PROBLEMS_SHOWN], f"... and {len(lines) - MAX_PROBLEMS_SHOWN} more"]
+    return "; ".join(lines)
+
+
+def _bool(word: str) -> bool | None:
+    return None if word == "Unknown" else word == "True"
+
+
+async def run_worker(reconciler: Reconciler, queue: WorkQueue[Key]) -> None:
+    """Take keys off the queue forever; failures back off per key."""
+    while True:
+        key = await queue.get()
+        try:
+            delay = await reconciler.reconcile(key)
+        except RetryLater:
+            queue.retry(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("[%s/%s] reconcile failed", *key)
+            queue.retry(key)
+        else:
+            queue.forget(key)
+            if delay is not None:
+                queue.add_after(key, delay)
+        finally:
+            queue.done(key)

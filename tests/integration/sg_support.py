@@ -1,0 +1,162 @@
+"""What the operator's integration tests share: a running operator, a real HTTPS
+registry, and small async helpers over the admin API client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.rest import ApiException
+from support import ROOT, SAMPLES
+
+from servegraph.registry.server import RegistryServer
+from servegraph.testenv import Component, ControlPlane
+from servegraph.testenv.processes import free_port, http_probe
+
+T = TypeVar("T")
+GROUP, VERSION, PLURAL = "servegraph.io", "v1alpha1", "servegraphs"
+OPERATOR_USER = "servegraph-operator"
+
+
+def start_operator(cp: ControlPlane, name: str = "servegraph-operator", *args: str) -> tuple[Component, int]:
+    """`servegraph run` as a real process, as the identity bound by config/rbac only."""
+    port = free_port()
+    argv = [sys.executable, "-m", "servegraph.cli", "run", "--health-address", f"127.0.0.1:{port}", *args]
+    component = cp.spawn(name, argv, identity=OPERATOR_USER, env={"PYTHONUNBUFFERED": "1"})
+    component.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
+    return component, port
+
+
+def bind_operator_rbac(cp: ControlPlane) -> None:
+    """The shipped ClusterRole, bound to the operator's identity and nothing more."""
+    cp.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "role.yaml"))
+    binding = f"""
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: servegraph-operator-test}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: servegraph-operator}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OPERATOR_USER}}}]
+"""
+    cp.kubectl("apply", "-f", "-", stdin=binding)
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll until `check` returns something truthy; generous timeouts, never sleeps blindly."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class Kit:
+    """Admin-side helpers for one test namespace."""
+
+    api: Any
+    namespace: str
+    registry: RegistryServer
+    ca_pem: str
+
+    @property
+    def custom(self) -> Any:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    async def secret(self, name: str, data: dict[str, str]) -> None:
+        body = {
+            "metadata": {"name": name},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        }
+        try:
+            await self.core.create_namespaced_secret(self.namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            await self.core.replace_namespaced_secret(name, self.namespace, body)
+
+    async def servegraph(self, name: str, graph: str, **source: Any) -> dict[str, Any]:
+        """Create a ServeGraph reading `graph` from the test registry with the `token` Secret."""
+        spec_source = {
+            "url": self.registry.url(graph),
+            "tokenSecretRef": {"name": "registry-token"},
+            "caBundle": {"secretRef": {"name": "registry-ca"}},
+            **source,
+        }
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ServeGraph",
+            "metadata": {"name": name},
+            "spec": {"source": spec_source},
+        }
+        obj: dict[str, Any] = await self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, body
+        )
+        return obj
+
+    async def patch_sg(self, name: str, patch: dict[str, Any]) -> None:
+        await self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, patch, _content_type="application/merge-patch+json"
+        )
+
+    async def get_sg(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name
+        )
+        return obj
+
+    async def get_rs(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self.custom.get_namespaced_custom_object(
+                "ray.io", "v1", self.namespace, "rayservices", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def condition(self, sg: str, type_: str) -> dict[str, Any] | None:
+        status = (await self.get_sg(sg)).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+
+    async def wait_condition(
+        self, sg: str, type_: str, status: str, reason: str | None = None, timeout: float = 60
+    ) -> dict[str, Any]:
+        async def check() -> dict[str, Any] | None:
+            cond = await self.condition(sg, type_)
+            if cond and cond["status"] == status and (reason is None or cond["reason"] == reason):
+                return cond
+            return None
+
+        return await eventually(check, timeout, f"{type_}={status} ({reason}) on ServeGraph {sg}")
+
+    async def wait_rs(
+        self, name: str, check: Callable[[dict[str, Any]], bool] = lambda _: True, timeout: float = 60
+    ) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            rs = await self.get_rs(name)
+            return rs if rs is not None and check(rs) else None
+
+        return await eventually(probe, timeout, f"RayService {self.namespace}/{name}")
+
+
+def sample_bytes(name: str) -> bytes:
+    return (SAMPLES / f"{name}.pb").read_bytes()
+
+
+def read_log(path: Path) -> str:
+    return path.read_text(errors="replace")

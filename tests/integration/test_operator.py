@@ -1,0 +1,301 @@
+"""The operator end to end: real kube-apiserver + etcd with RBAC, the real KubeRay
+operator, a real HTTPS registry with a bearer check, and `servegraph run` as a
+process bound only by the shipped ClusterRole."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client.rest import ApiException
+from sg_support import (
+    OPERATOR_USER,
+    Kit,
+    bind_operator_rbac,
+    eventually,
+    read_log,
+    sample_bytes,
+    start_operator,
+)
+from support import REGISTRY_TOKEN, SAMPLES
+
+from servegraph.graph import load_graph
+from servegraph.registry.server import RegistryServer
+from servegraph.render import serve_config_yaml
+from servegraph.testenv import WRITE_VERBS, Component, ControlPlane, KubeRayOperator
+from servegraph.v1 import graph_pb2
+
+ROTATED_TOKEN = "rotated-t0ken-0f-the-test"  # noqa: S105 - test credential
+WRONG_TOKEN = "wr0ng-t0ken-0f-the-test"  # noqa: S105 - test credential
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane: ControlPlane) -> Iterator[Component]:
+    bind_operator_rbac(control_plane)
+    component, _ = start_operator(control_plane)
+    yield component
+    control_plane.unspawn(component)
+    log = read_log(component.log_path)
+    for secret in (REGISTRY_TOKEN, ROTATED_TOKEN, WRONG_TOKEN):
+        assert secret not in log, "a token reached the operator's log"
+
+
+@pytest.fixture
+async def kit(
+    operator: Component, admin_api: Any, namespace: str, registry: RegistryServer, ca_pem: str
+) -> AsyncIterator[Kit]:
+    k = Kit(admin_api, namespace, registry, ca_pem)
+    await k.secret("registry-token", {"token": REGISTRY_TOKEN + "\n"})
+    await k.secret("registry-ca", {"ca.crt": ca_pem})
+    yield k
+
+
+def _rv(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["resourceVersion"])
+
+
+async def _applied(kit: Kit, name: str = "g", sample: str = "mini") -> tuple[dict[str, Any], dict[str, Any]]:
+    kit.registry.registry.publish(sample, sample_bytes(sample))
+    await kit.servegraph(name, sample)
+    await kit.wait_condition(name, "Applied", "True")
+    sg = await kit.get_sg(name)
+    rs = await kit.wait_rs(sg["status"]["rayServiceName"])
+    return sg, rs
+
+
+async def test_create_renders_rayservice_and_kuberay_builds_its_cluster(kit: Kit, kuberay: KubeRayOperator) -> None:
+    sg, rs = await _applied(kit, "hetero", "heterogeneous")
+    graph = load_graph(SAMPLES / "heterogeneous.pb")
+    assert rs["spec"]["serveConfigV2"] == serve_config_yaml(graph)
+    groups = {g["groupName"]: g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    assert set(groups) == {"cpu", "gpu"}
+    assert groups["gpu"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    (owner,) = rs["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "ServeGraph",
+        "hetero",
+        sg["metadata"]["uid"],
+        True,
+    )
+    assert rs["metadata"]["labels"]["servegraph.io/graph"] == "hetero"
+    assert not sg["metadata"].get("finalizers"), "no finalizer may block deleting a ServeGraph"
+
+    status = sg["status"]
+    digest = hashlib.sha256(sample_bytes("heterogeneous")).hexdigest()
+    assert status["graph"] == {
+        "name": "heterogeneous",
+        "version": "2026.11.1",
+        "digest": f"sha256:{digest}",
+        "shortDigest": digest[:12],
+        "applications": 1,
+        "nodes": 2,
+    }
+    assert status["observedGeneration"] == sg["metadata"]["generation"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Fetched": "True",
+        "GraphValid": "True",
+        "Applied": "True",
+        "Ready": "False",
+    }
+
+    async def cluster() -> dict[str, Any] | None:
+        items = (await kit.custom.list_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayclusters"))["items"]
+        return next((c for c in items if c["metadata"]["ownerReferences"][0]["name"] == rs["metadata"]["name"]), None)
+
+    rc = await eventually(cluster, 60, "KubeRay to create the RayCluster")
+    assert [g["groupName"] for g in rc["spec"]["workerGroupSpecs"]] == ["cpu", "gpu"]
+
+    events = (await kit.core.list_namespaced_event(kit.namespace)).items
+    reasons = {(e.type, e.reason) for e in events if e.involved_object.name == "hetero"}
+    assert {("Normal", "Fetched"), ("Normal", "Applied")} <= reasons
+
+
+async def test_spec_change_refresh_and_not_modified(kit: Kit) -> None:
+    _, rs = await _applied(kit)
+    name = rs["metadata"]["name"]
+
+    await kit.patch_sg("g", {"spec": {"rayService": {"image": "example.com/ray:custom"}}})
+    rs = await kit.wait_rs(
+        name,
+        lambda r: (
+            r["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+            == "example.com/ray:custom"
+        ),
+    )
+
+    kit.registry.registry.publish("mini", sample_bytes("complete"))
+    await kit.patch_sg("g", {"metadata": {"annotations": {"servegraph.io/refresh": "1"}}})
+    complete = serve_config_yaml(load_graph(SAMPLES / "complete.pb"))
+    rs = await kit.wait_rs(name, lambda r: r["spec"]["serveConfigV2"] == complete)
+    await kit.wait_condition("g", "Fetched", "True", "Downloaded")
+    assert (await kit.get_sg("g"))["status"]["graph"]["name"] == "complete"
+
+    requests_before = len(kit.registry.registry.requests)
+    await kit.patch_sg("g", {"metadata": {"annotations": {"servegraph.io/refresh": "2"}}})
+    await kit.wait_condition("g", "Fetched", "True", "NotModified")
+    assert kit.registry.registry.requests[requests_before]["if_none_match"] is not None
+    assert _rv(await kit.get_rs(name) or {}) == _rv(rs), "a 304 must not write the RayService"
+
+
+async def test_token_rotation_and_wrong_token(kit: Kit) -> None:
+    _, rs = await _applied(kit)
+    name = rs["metadata"]["name"]
+
+    kit.registry.registry.token = ROTATED_TOKEN
+    await kit.secret("registry-token", {"token": ROTATED_TOKEN})
+    await eventually(
+        lambda: _async(kit.registry.registry.requests[-1]["authorization"] == f"Bearer {ROTATED_TOKEN}"),
+        30,
+        "a fetch with the rotated token",
+    )
+    await kit.wait_condition("g", "Fetched", "True")
+
+    await kit.secret("registry-token", {"token": WRONG_TOKEN})
+    cond = await kit.wait_condition("g", "Fetched", "False", "Forbidden")
+    assert "HTTP 403" in cond["message"]
+    assert _rv(await kit.get_rs(name) or {}) == _rv(rs)
+    status = await kit.get_sg("g")
+    assert WRONG_TOKEN not in str(status) and ROTATED_TOKEN not in str(status)
+    events = (await kit.core.list_namespaced_event(kit.namespace)).items
+    assert any(e.reason == "FetchFailed" and e.type == "Warning" for e in events)
+    assert not any(WRONG_TOKEN in (e.message or "") for e in events)
+
+
+async def test_invalid_graph_never_touches_the_rayservice(kit: Kit) -> None:
+    sg, rs = await _applied(kit)
+    bad = graph_pb2.Graph()
+    bad.ParseFromString(sample_bytes("mini"))
+    bad.applications[0].nodes["sentiment"].deployment.kwargs["tokenizer"].node.id = "ghost"
+    kit.registry.registry.publish("mini", bad.SerializeToString())
+    await kit.patch_sg("g", {"metadata": {"annotations": {"servegraph.io/refresh": "bad"}}})
+    cond = await kit.wait_condition("g", "GraphValid", "False", "InvalidGraph")
+    assert 'node "sentiment"' in cond["message"] and "ghost" in cond["message"]
+    assert _rv(await kit.get_rs(rs["metadata"]["name"]) or {}) == _rv(rs)
+    now = await kit.get_sg("g")
+    assert now["status"]["graph"] == sg["status"]["graph"], "status keeps naming the last good graph"
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [({"sha256": "0" * 64}, "DigestMismatch"), ({"maxBytes": 100}, "TooLarge")],
+    ids=["sha256-pin", "oversize"],
+)
+async def test_rejected_downloads(kit: Kit, source: dict[str, Any], reason: str) -> None:
+    kit.registry.registry.publish("mini", sample_bytes("mini"))
+    await kit.servegraph("g", "mini", **source)
+    await kit.wait_condition("g", "Fetched", "False", reason)
+    await kit.wait_condition("g", "Applied", "False", "NoValidGraph")
+    assert await kit.get_rs("g") is None
+
+
+async def test_drift_is_repaired(kit: Kit) -> None:
+    _, rs = await _applied(kit)
+    name = rs["metadata"]["name"]
+    await kit.custom.delete_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", name)
+    recreated = await kit.wait_rs(name, lambda r: r["metadata"]["uid"] != rs["metadata"]["uid"])
+    assert recreated["spec"]["serveConfigV2"] == rs["spec"]["serveConfigV2"]
+
+    await kit.custom.patch_namespaced_custom_object(
+        "ray.io",
+        "v1",
+        kit.namespace,
+        "rayservices",
+        name,
+        {"spec": {"serveConfigV2": "applications: []\n"}},
+        _content_type="application/merge-patch+json",
+    )
+    await kit.wait_rs(name, lambda r: r["spec"]["serveConfigV2"] == rs["spec"]["serveConfigV2"])
+
+
+async def test_status_mirrors_applications_and_ready_needs_all_running(kit: Kit) -> None:
+    _, rs = await _applied(kit)
+    name = rs["metadata"]["name"]
+
+    async def set_app(status: str, message: str = "") -> None:
+        patch = {
+            "status": {
+                "activeServiceStatus": {
+                    "applicationStatuses": {
+                        "sentiment": {
+                            "status": status,
+                            "message": message,
+                            "serveDeploymentStatuses": {
+                                "sentiment": {"status": "UNHEALTHY" if message else "HEALTHY"},
+                                "tokenizer": {"status": "HEALTHY"},
+                            },
+                        }
+                    }
+                }
+            }
+        }
+        await kit.custom.patch_namespaced_custom_object_status(
+            "ray.io", "v1", kit.namespace, "rayservices", name, patch, _content_type="application/merge-patch+json"
+        )
+
+    await set_app("DEPLOY_FAILED", "replica crashed")
+    cond = await kit.wait_condition("g", "Ready", "False", "ApplicationsNotRunning")
+    assert cond["message"] == "sentiment: DEPLOY_FAILED"
+    apps = (await kit.get_sg("g"))["status"]["applications"]
+    assert apps["sentiment"]["message"] == "replica crashed"
+    assert apps["sentiment"]["deployments"]["sentiment"] == {"status": "UNHEALTHY"}
+
+    await set_app("RUNNING")
+    await kit.wait_condition("g", "Ready", "True", "AllApplicationsRunning")
+
+
+async def test_steady_state_makes_no_writes(kit: Kit, control_plane: ControlPlane) -> None:
+    await _applied(kit, "a")
+    await _applied(kit, "b", "heterogeneous")
+    audit = control_plane.audit_log
+
+    async def quiet() -> bool:
+        mark = audit.offset()
+        await asyncio.sleep(3)
+        return not audit.events(user=OPERATOR_USER, verbs=WRITE_VERBS, since=mark)
+
+    await eventually(quiet, 60, "the operator to settle")
+    mark = audit.offset()
+    await asyncio.sleep(10)
+    writes = audit.events(user=OPERATOR_USER, verbs=WRITE_VERBS, since=mark)
+    assert writes == [], [(e["verb"], e["objectRef"]) for e in writes]
+    # Other tests' ServeGraphs, left failing on purpose, retry their downloads meanwhile.
+    reads = audit.events(user=OPERATOR_USER, since=mark, namespace=kit.namespace)
+    assert all(e["verb"] in {"watch", "list"} for e in reads), [(e["verb"], e.get("requestURI")) for e in reads][:5]
+
+
+def test_operator_identity_has_only_the_shipped_permissions(operator: Component, control_plane: ControlPlane) -> None:
+    def can(*args: str) -> bool:
+        out = control_plane.kubectl("auth", "can-i", *args, identity=OPERATOR_USER, check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("patch", "rayservices.ray.io") and can("patch", "servegraphs.servegraph.io", "--subresource=status")
+    assert not can("delete", "rayservices.ray.io")
+    assert not can("update", "servegraphs.servegraph.io")
+    assert not can("list", "pods")
+    assert not can("create", "secrets")
+    assert not can("get", "rayclusters.ray.io")
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+async def test_deleted_servegraph_is_forgotten(kit: Kit) -> None:
+    await _applied(kit)
+    await kit.custom.delete_namespaced_custom_object("servegraph.io", "v1alpha1", kit.namespace, "servegraphs", "g")
+
+    async def gone() -> bool:
+        try:
+            await kit.get_sg("g")
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    await eventually(gone, 30, "the ServeGraph to be deleted without waiting for the operator")
+    rs = await kit.get_rs("g")
+    assert rs is not None and rs["metadata"]["ownerReferences"][0]["name"] == "g"  # GC (not run here) removes it
+    assert yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["name"] == "sentiment"
