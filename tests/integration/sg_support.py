@@ -3,14 +3,12 @@ registry, and small async helpers over the admin API client."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
@@ -19,8 +17,8 @@ from support import ROOT, SAMPLES
 from servegraph.registry.server import RegistryServer
 from servegraph.testenv import Component, ControlPlane
 from servegraph.testenv.processes import free_port, http_probe
+from servegraph.testenv.waiting import eventually
 
-T = TypeVar("T")
 GROUP, VERSION, PLURAL = "servegraph.io", "v1alpha1", "servegraphs"
 OPERATOR_USER = "servegraph-operator"
 
@@ -45,18 +43,6 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: servegr
 subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OPERATOR_USER}}}]
 """
     cp.kubectl("apply", "-f", "-", stdin=binding)
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 60.0, what: str = "condition") -> T:
-    """Poll until `check` returns something truthy; generous timeouts, never sleeps blindly."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
 
 
 @dataclass
@@ -134,7 +120,7 @@ class Kit:
         return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
 
     async def wait_condition(
-        self, sg: str, type_: str, status: str, reason: str | None = None, timeout: float = 60
+        self, sg: str, type_: str, status: str, reason: str | None = None, within: float = 60
     ) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
             cond = await self.condition(sg, type_)
@@ -142,16 +128,16 @@ class Kit:
                 return cond
             return None
 
-        return await eventually(check, timeout, f"{type_}={status} ({reason}) on ServeGraph {sg}")
+        return await eventually(check, within=within, what=f"{type_}={status} ({reason}) on ServeGraph {sg}")
 
     async def wait_rs(
-        self, name: str, check: Callable[[dict[str, Any]], bool] = lambda _: True, timeout: float = 60
+        self, name: str, check: Callable[[dict[str, Any]], bool] = lambda _: True, within: float = 60
     ) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             rs = await self.get_rs(name)
             return rs if rs is not None and check(rs) else None
 
-        return await eventually(probe, timeout, f"RayService {self.namespace}/{name}")
+        return await eventually(probe, within=within, what=f"RayService {self.namespace}/{name}")
 
 
 def sample_bytes(name: str) -> bytes:

@@ -16,7 +16,6 @@ from sg_support import (
     OPERATOR_USER,
     Kit,
     bind_operator_rbac,
-    eventually,
     read_log,
     sample_bytes,
     start_operator,
@@ -27,10 +26,11 @@ from servegraph.graph import load_graph
 from servegraph.registry.server import RegistryServer
 from servegraph.render import serve_config_yaml
 from servegraph.testenv import WRITE_VERBS, Component, ControlPlane, KubeRayOperator
+from servegraph.testenv.waiting import eventually
 from servegraph.v1 import graph_pb2
 
-ROTATED_TOKEN = "rotated-t0ken-0f-the-test"  # noqa: S105 - test credential
-WRONG_TOKEN = "wr0ng-t0ken-0f-the-test"  # noqa: S105 - test credential
+ROTATED_TOKEN = "rotated-t0ken-0f-the-test"
+WRONG_TOKEN = "wr0ng-t0ken-0f-the-test"
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ async def test_create_renders_rayservice_and_kuberay_builds_its_cluster(kit: Kit
         items = (await kit.custom.list_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayclusters"))["items"]
         return next((c for c in items if c["metadata"]["ownerReferences"][0]["name"] == rs["metadata"]["name"]), None)
 
-    rc = await eventually(cluster, 60, "KubeRay to create the RayCluster")
+    rc = await eventually(cluster, within=60, what="KubeRay to create the RayCluster")
     assert [g["groupName"] for g in rc["spec"]["workerGroupSpecs"]] == ["cpu", "gpu"]
 
     events = (await kit.core.list_namespaced_event(kit.namespace)).items
@@ -149,8 +149,8 @@ async def test_token_rotation_and_wrong_token(kit: Kit) -> None:
     await kit.secret("registry-token", {"token": ROTATED_TOKEN})
     await eventually(
         lambda: _async(kit.registry.registry.requests[-1]["authorization"] == f"Bearer {ROTATED_TOKEN}"),
-        30,
-        "a fetch with the rotated token",
+        within=30,
+        what="a fetch with the rotated token",
     )
     await kit.wait_condition("g", "Fetched", "True")
 
@@ -257,7 +257,7 @@ async def test_steady_state_makes_no_writes(kit: Kit, control_plane: ControlPlan
         await asyncio.sleep(3)
         return not audit.events(user=OPERATOR_USER, verbs=WRITE_VERBS, since=mark)
 
-    await eventually(quiet, 60, "the operator to settle")
+    await eventually(quiet, within=60, what="the operator to settle")
     mark = audit.offset()
     await asyncio.sleep(10)
     writes = audit.events(user=OPERATOR_USER, verbs=WRITE_VERBS, since=mark)
@@ -295,7 +295,7 @@ async def test_deleted_servegraph_is_forgotten(kit: Kit) -> None:
             return exc.status == 404
         return False
 
-    await eventually(gone, 30, "the ServeGraph to be deleted without waiting for the operator")
+    await eventually(gone, within=30, what="the ServeGraph to be deleted without waiting for the operator")
     rs = await kit.get_rs("g")
     assert rs is not None and rs["metadata"]["ownerReferences"][0]["name"] == "g"  # GC (not run here) removes it
     assert yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["name"] == "sentiment"
