@@ -23,11 +23,13 @@ GROUP, VERSION, PLURAL = "servegraph.io", "v1alpha1", "servegraphs"
 OPERATOR_USER = "servegraph-operator"
 
 
-def start_operator(cp: ControlPlane, name: str = "servegraph-operator", *args: str) -> tuple[Component, int]:
+def start_operator(
+    cp: ControlPlane, name: str = "servegraph-operator", *args: str, env: dict[str, str] | None = None
+) -> tuple[Component, int]:
     """`servegraph run` as a real process, as the identity bound by config/rbac only."""
     port = free_port()
     argv = [sys.executable, "-m", "servegraph.cli", "run", "--health-address", f"127.0.0.1:{port}", *args]
-    component = cp.spawn(name, argv, identity=OPERATOR_USER, env={"PYTHONUNBUFFERED": "1"})
+    component = cp.spawn(name, argv, identity=OPERATOR_USER, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     component.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
     return component, port
 

@@ -29,16 +29,20 @@ class KubeError(Exception):
 
 
 def _error(exc: ApiException, what: str) -> KubeError:
+    return _status_error(exc.status, exc.reason, exc.body, what)
+
+
+def _status_error(code: int | None, http_reason: str | None, body: bytes | str | None, what: str) -> KubeError:
     """Keep the API's own reason and message: they say which field or rule failed."""
     try:
-        status = json.loads(exc.body) if exc.body else {}
+        status = json.loads(body) if body else {}
     except ValueError:
         status = {}
     if not isinstance(status, dict):
         status = {}
-    reason = str(status.get("reason") or exc.reason or "Error")
-    detail = status.get("message") or f"HTTP {exc.status} {exc.reason}"
-    return KubeError(reason, f"{what}: {detail}", exc.status)
+    reason = str(status.get("reason") or http_reason or "Error")
+    detail = status.get("message") or f"HTTP {code} {http_reason}"
+    return KubeError(reason, f"{what}: {detail}", code)
 
 
 async def connect(kubeconfig: str | None = None) -> client.ApiClient:
@@ -73,7 +77,9 @@ class Kube:
         """Server-side apply, forcing ownership of every field we render."""
         meta = manifest["metadata"]
         try:
-            obj: dict[str, Any] = await self._custom.patch_namespaced_custom_object(
+            # The raw response: the generated client maps only 200 to a body and
+            # returns None for the 201 of an apply that creates.
+            resp = await self._custom.patch_namespaced_custom_object(
                 RAY_GROUP,
                 RAY_VERSION,
                 meta["namespace"],
@@ -83,9 +89,14 @@ class Kube:
                 field_manager=FIELD_MANAGER,
                 force=True,
                 _content_type="application/apply-patch+yaml",
+                _preload_content=False,
             )
+            data = await resp.read()
         except ApiException as exc:
             raise _error(exc, f"apply RayService {meta['namespace']}/{meta['name']}") from None
+        if not 200 <= resp.status <= 299:  # unchecked by the client without preloading
+            raise _status_error(resp.status, resp.reason, data, f"apply RayService {meta['namespace']}/{meta['name']}")
+        obj: dict[str, Any] = json.loads(data)
         return obj
 
     async def patch_servegraph_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
@@ -101,6 +112,20 @@ class Kube:
             )
         except ApiException as exc:
             raise _error(exc, f"patch status of ServeGraph {namespace}/{name}") from None
+
+    async def annotate_servegraph(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        try:
+            await self._custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body={"metadata": {"annotations": dict(annotations)}},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            raise _error(exc, f"annotate ServeGraph {namespace}/{name}") from None
 
     async def read_secret_key(self, namespace: str, name: str, key: str) -> tuple[str, str]:
         """(value, resourceVersion) of one key; errors name the Secret and key, never the value."""

@@ -1,7 +1,8 @@
 """The operator's whole event surface, on one screen: kopf decorators only.
 
 Every watch handler just tells the reconciler what changed; the reconcile runs
-on the work queue. kopf stores no state on our objects (only `on.event`
+on the work queue. Handlers are `async def` on purpose: kopf runs sync handlers
+in threads, and the reconciler's caches and queue belong to the event loop. kopf stores no state on our objects (only `on.event`
 handlers, no finalizers, no annotations), so deleting a ServeGraph never waits
 for the operator and a quiet cluster sees no writes from it.
 """
@@ -28,6 +29,7 @@ async def startup(
 ) -> None:
     settings.posting.enabled = False  # we post our own Events, on transitions only
     settings.peering.standalone = True
+    settings.scanning.disabled = True  # resources resolved once at start: no CRD watch, no RBAC for it
     settings.watching.server_timeout = 600
     memo.operator = await runtime.start(memo.options)
     logger.info("servegraph operator started")
@@ -41,16 +43,16 @@ async def cleanup(memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+async def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     memo.operator.reconciler.servegraph_changed(event["object"], deleted=event["type"] == "DELETED")
 
 
 @kopf.on.event("", "v1", "secrets")
-def secret_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+async def secret_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     meta = event["object"].get("metadata") or {}
-    memo.operator.reconciler.secret_changed(meta.get("namespace", ""), meta.get("name", ""))
+    memo.operator.secret_changed(meta.get("namespace", ""), meta.get("name", ""))
 
 
 @kopf.on.event("ray.io", "v1", "rayservices", labels={GRAPH_LABEL: kopf.PRESENT})
-def rayservice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+async def rayservice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     memo.operator.reconciler.rayservice_changed(event["object"], deleted=event["type"] == "DELETED")

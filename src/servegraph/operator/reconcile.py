@@ -28,6 +28,7 @@ from servegraph.operator.status import contains, merge_patch, mirror_application
 from servegraph.render import render_rayservice
 from servegraph.render.rayservice import SPEC_HASH_ANNOTATION
 from servegraph.source import FetchError, FetchRequest, fetch
+from servegraph.source.guard import HostGuard
 
 log = logging.getLogger("servegraph.operator")
 
@@ -69,8 +70,16 @@ class _Outcome:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, session: aiohttp.ClientSession, metrics: Metrics, queue: WorkQueue[Key]) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        session: aiohttp.ClientSession,
+        metrics: Metrics,
+        queue: WorkQueue[Key],
+        guard: HostGuard | None = None,
+    ) -> None:
         self.kube = kube
+        self.guard = guard or HostGuard()
         self.session = session
         self.metrics = metrics
         self.queue = queue
@@ -117,6 +126,11 @@ class Reconciler:
                 key = (meta.get("namespace", ""), owner.get("name", ""))
                 if key in self.bodies:
                     self.queue.add(key)
+
+    def resync_all(self) -> None:
+        """Queue every known ServeGraph (a new leader catches up on what it missed)."""
+        for key in list(self.bodies):
+            self.queue.add(key)
 
     def _condition_pairs(self) -> Iterator[tuple[str, str]]:
         for obs in list(self.observed.values()):
@@ -209,7 +223,7 @@ class Reconciler:
                 ca_pem=ca_pem,
                 allow_insecure_http=source.allow_insecure_http,
             )
-            got = await fetch(self.session, request, observe=self.metrics.observe_fetch)
+            got = await fetch(self.session, request, guard=self.guard, observe=self.metrics.observe_fetch)
         except (KubeError, FetchError) as exc:
             reason = exc.reason if isinstance(exc, FetchError) else f"Secret{exc.reason}"
             out.fetched = Condition("Fetched", False, reason, str(exc))

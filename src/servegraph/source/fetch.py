@@ -19,6 +19,8 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 
+from servegraph.source.guard import ForbiddenAddress, HostGuard
+
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 MAX_REDIRECTS = 5
@@ -72,6 +74,8 @@ def safe_url(url: str) -> str:
     """The URL without userinfo, query or fragment, fit for logs and status."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
@@ -100,16 +104,22 @@ async def fetch(
     session: aiohttp.ClientSession,
     req: FetchRequest,
     *,
+    guard: HostGuard | None = None,
     observe: Observer | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Fetched:
-    """GET with retries on 5xx/429/connection errors, exponential backoff with full jitter."""
+    """GET with retries on 5xx/429/connection errors, exponential backoff with full jitter.
+
+    Give the session a `guarded_connector()` so that the addresses a DNS name
+    resolves to are checked too; `guard` checks each hop's host name.
+    """
     token = check_token(req.token)
+    guard = guard or HostGuard()
     last: FetchError | None = None
     for attempt in range(req.attempts):
         start = time.monotonic()
         try:
-            result = await _attempt(session, req, token)
+            result = await _attempt(session, req, token, guard)
         except FetchError as exc:
             if observe:
                 observe(exc.status, time.monotonic() - start, 0)
@@ -128,13 +138,16 @@ async def fetch(
     raise last
 
 
-async def _attempt(session: aiohttp.ClientSession, req: FetchRequest, token: str) -> Fetched:
+async def _attempt(session: aiohttp.ClientSession, req: FetchRequest, token: str, guard: HostGuard) -> Fetched:
     url = req.url
     origin = _origin(url)
     timeout = aiohttp.ClientTimeout(total=req.timeout_s)
     context = ssl_context(req.ca_pem)
     for _ in range(MAX_REDIRECTS + 1):
         _check_url(url, req.allow_insecure_http)
+        refusal = guard.refusal(urlsplit(url).hostname or "")
+        if refusal:
+            raise FetchError("SourceRefused", f"refusing {safe_url(url)}: {refusal}", retryable=False)
         headers = {"Accept": "application/x-protobuf, application/octet-stream"}
         if _origin(url) == origin:
             headers["Authorization"] = f"Bearer {token}"
@@ -157,6 +170,9 @@ async def _attempt(session: aiohttp.ClientSession, req: FetchRequest, token: str
                 "TLSError", f"TLS to {safe_url(url)} failed: {_ssl_reason(exc)}", retryable=False
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
+            refused = _forbidden_cause(exc)
+            if refused is not None:
+                raise FetchError("SourceRefused", f"refusing {safe_url(url)}: {refused}", retryable=False) from None
             raise FetchError(
                 "ConnectionError", f"cannot reach {safe_url(url)}: {type(exc).__name__}", retryable=True
             ) from None
@@ -194,6 +210,15 @@ async def _response(resp: aiohttp.ClientResponse, req: FetchRequest, url: str) -
             )
     data = bytes(body)
     return Fetched(False, data, resp.headers.get("ETag"), hashlib.sha256(data).hexdigest(), 200, where)
+
+
+def _forbidden_cause(exc: BaseException) -> ForbiddenAddress | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ForbiddenAddress):
+            return seen
+        seen = getattr(seen, "os_error", None) or seen.__cause__ or seen.__context__
+    return None
 
 
 def _reason(status: int) -> str:

@@ -1,0 +1,120 @@
+"""Tiny deterministic deployments the sample graphs use, shipped so they serve out of the box.
+
+Plain classes: servegraph's builder turns them into Serve deployments named
+after their nodes. Each accepts what a router passes (a payload) and, where a
+sample makes it the ingress, the HTTP request itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+
+from servegraph.runtime.payload import payload_from_body
+
+__all__ = ["Embedder", "MajorityVote", "Sentiment", "Tokenizer", "text_of"]
+
+_WORD = re.compile(r"[\w']+")
+POSITIVE = ("good", "great", "love", "excellent", "happy", "nice", "wonderful", "best")
+NEGATIVE = ("bad", "terrible", "hate", "awful", "sad", "poor", "worst", "boring")
+
+
+async def text_of(item: Any) -> str:
+    """The text of an HTTP request, a `{"text": ...}` payload or a string."""
+    if isinstance(item, Request):
+        item = payload_from_body(await item.body())
+    if isinstance(item, Mapping):
+        item = item.get("text")
+    if not isinstance(item, str):
+        raise ValueError(f'expected a string or {{"text": <string>}}, got {type(item).__name__}')
+    return item
+
+
+class Tokenizer:
+    """Splits text into words."""
+
+    def __init__(self, lowercase: bool = True) -> None:
+        self.lowercase = lowercase
+
+    async def __call__(self, item: Any) -> list[str]:
+        text = await text_of(item)
+        return _WORD.findall(text.lower() if self.lowercase else text)
+
+
+class Sentiment:
+    """Word-list polarity in [-1, 1] over the tokenizer's words; `threshold` tunes the labels live."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        positive: list[str] | None = None,
+        negative: list[str] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer  # the tokenizer node's DeploymentHandle
+        self.positive = frozenset(w.lower() for w in (positive or POSITIVE))
+        self.negative = frozenset(w.lower() for w in (negative or NEGATIVE))
+        self.threshold = 0.0
+
+    def reconfigure(self, user_config: Mapping[str, Any]) -> None:
+        """Serve calls this with the node's `user_config`, at start and on every change."""
+        self.threshold = float(user_config.get("threshold", 0.0))
+
+    async def __call__(self, item: Any) -> dict[str, Any]:
+        words: list[str] = await self.tokenizer.remote(await text_of(item))
+        pos = sum(w.lower() in self.positive for w in words)
+        neg = sum(w.lower() in self.negative for w in words)
+        score = (pos - neg) / (pos + neg) if pos + neg else 0.0
+        if score > self.threshold:
+            label = "positive"
+        elif score < -self.threshold:
+            label = "negative"
+        else:
+            label = "neutral"
+        return {"label": label, "score": round(score, 4)}
+
+
+class Embedder:
+    """A hashed bag-of-words vector, L2-normalized: deterministic across processes, no GPU.
+
+    Uses the tokenizer node's handle when bound to one, else splits words itself.
+    """
+
+    def __init__(self, tokenizer: Any = None, dimensions: int = 8) -> None:
+        if isinstance(dimensions, bool) or dimensions != int(dimensions) or dimensions < 1:
+            raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
+        self.tokenizer = tokenizer
+        self.dimensions = int(dimensions)
+
+    async def __call__(self, item: Any) -> dict[str, list[float]]:
+        text = await text_of(item)
+        words: list[str] = await self.tokenizer.remote(text) if self.tokenizer is not None else _WORD.findall(text)
+        vector = [0.0] * self.dimensions
+        for word in words:
+            digest = hashlib.blake2b(word.lower().encode(), digest_size=8).digest()
+            bucket = int.from_bytes(digest[:4], "big") % self.dimensions
+            vector[bucket] += 1.0 if digest[4] % 2 else -1.0
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        return {"embedding": [round(v / norm, 6) for v in vector]}
+
+
+class MajorityVote:
+    """Ensemble combiner: the most common label among the members' outputs.
+
+    A member's output counts if it is a label string or a dict with a "label";
+    ties go to the alphabetically first label, so the result is deterministic.
+    """
+
+    def __call__(self, results: Mapping[str, Any]) -> dict[str, Any]:
+        votes: Counter[str] = Counter()
+        for output in results.values():
+            label = output.get("label") if isinstance(output, Mapping) else output
+            if isinstance(label, str):
+                votes[label] += 1
+        winner = min(votes, key=lambda label: (-votes[label], label)) if votes else None
+        return {"label": winner, "votes": dict(sorted(votes.items()))}

@@ -1,0 +1,178 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, the way client-go does it.
+
+kopf's peering is a hot-standby by priority, not a lease: with two replicas of
+equal priority both freeze. This elector decides who reconciles; every replica
+keeps watching (warm caches), so a takeover starts with the work already known.
+
+Timing (client-go's defaults): the lease lasts 15 s, the leader must renew
+within 10 s or stop leading at once, and everyone retries every 2 s. Expiry is
+judged by the local clock from when this process last saw the record change,
+never by comparing timestamps written by another machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.rest import ApiException
+
+log = logging.getLogger("servegraph.operator.leader")
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    namespace: str
+    name: str
+    identity: str
+    lease_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_s: float = 2.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Calls `on_started` when this process becomes leader and `on_stopped` when it
+    stops being one (renewal failed past the deadline, or shutdown)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        config: LeaseConfig,
+        on_started: Callable[[], Awaitable[None]],
+        on_stopped: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._api = client.CoordinationV1Api(api)
+        self.config = config
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self.is_leader = False
+
+    async def run(self) -> None:
+        """Forever: acquire, then renew until it fails; release on cancellation."""
+        try:
+            while True:
+                await self._acquire()
+                await self._renew_until_lost()
+        finally:
+            if self.is_leader:
+                self.is_leader = False
+                await self._on_stopped()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._release())
+
+    async def _acquire(self) -> None:
+        while True:
+            if await self._try():
+                break
+            await asyncio.sleep(self.config.retry_s)
+        self.is_leader = True
+        log.info(
+            "became leader (lease %s/%s, identity %s)", self.config.namespace, self.config.name, self.config.identity
+        )
+        await self._on_started()
+
+    async def _renew_until_lost(self) -> None:
+        last_renew = time.monotonic()
+        while True:
+            await asyncio.sleep(self.config.retry_s)
+            try:
+                renewed = await asyncio.wait_for(self._try(), timeout=self.config.renew_deadline_s)
+            except TimeoutError:
+                renewed = False
+            if renewed:
+                last_renew = time.monotonic()
+            elif time.monotonic() - last_renew >= self.config.renew_deadline_s or self._held_by_other():
+                self.is_leader = False
+                log.warning(
+                    "lost leadership of lease %s/%s; stopping reconciles", self.config.namespace, self.config.name
+                )
+                await self._on_stopped()
+                return
+
+    def _held_by_other(self) -> bool:
+        return self._observed is not None and self._observed[0] not in (None, "", self.config.identity)
+
+    async def _try(self) -> bool:
+        """One acquire-or-renew attempt; True when we hold the lease afterwards."""
+        cfg = self.config
+        try:
+            lease = await self._api.read_namespaced_lease(cfg.name, cfg.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("cannot read lease %s/%s: HTTP %s", cfg.namespace, cfg.name, exc.status)
+                return False
+            return await self._create()
+        except Exception as exc:  # connection trouble: keep trying until the deadline
+            log.warning("cannot read lease %s/%s: %s", cfg.namespace, cfg.name, type(exc).__name__)
+            return False
+        spec = lease.spec
+        record = (spec.holder_identity, spec.renew_time, spec.lease_transitions)
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        holder = spec.holder_identity
+        duration = spec.lease_duration_seconds or cfg.lease_s
+        expired = time.monotonic() > self._observed_at + duration
+        if holder and holder != cfg.identity and not expired:
+            return False
+        now = _now()
+        spec.holder_identity = cfg.identity
+        spec.lease_duration_seconds = int(cfg.lease_s)
+        spec.renew_time = now
+        if holder != cfg.identity:
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        try:
+            await self._api.replace_namespaced_lease(cfg.name, cfg.namespace, lease)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: someone else wrote first
+                log.warning("cannot update lease %s/%s: HTTP %s", cfg.namespace, cfg.name, exc.status)
+            return False
+        except Exception as exc:
+            log.warning("cannot update lease %s/%s: %s", cfg.namespace, cfg.name, type(exc).__name__)
+            return False
+        return True
+
+    async def _create(self) -> bool:
+        cfg = self.config
+        now = _now()
+        body = {
+            "metadata": {"name": cfg.name, "namespace": cfg.namespace},
+            "spec": {
+                "holderIdentity": cfg.identity,
+                "leaseDurationSeconds": int(cfg.lease_s),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        try:
+            await self._api.create_namespaced_lease(cfg.namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                log.warning("cannot create lease %s/%s: HTTP %s", cfg.namespace, cfg.name, exc.status)
+            return False
+        return True
+
+    async def _release(self) -> None:
+        """Hand the lease over at once on a clean shutdown instead of making others wait 15 s."""
+        cfg = self.config
+        lease = await self._api.read_namespaced_lease(cfg.name, cfg.namespace)
+        if lease.spec.holder_identity != cfg.identity:
+            return
+        lease.spec.holder_identity = ""
+        lease.spec.lease_duration_seconds = 1
+        lease.spec.renew_time = _now()
+        await self._api.replace_namespaced_lease(cfg.name, cfg.namespace, lease)

@@ -1,0 +1,40 @@
+"""servegraph's Ray Serve runtime: rebuilds a rendered DAG inside a Ray cluster.
+
+Runs where only `ray[serve]` is installed, so it imports nothing else of
+servegraph's dependencies. A Serve application rendered by servegraph has
+`import_path: servegraph.runtime:build` and the DAG in `args` (see `build`).
+
+How a request flows
+-------------------
+* The ingress node receives the HTTP request.
+  - A user deployment at the ingress gets the starlette `Request` itself, and
+    Serve turns its return value into the response, as in any Serve app.
+  - A router at the ingress turns the request into a *payload* — the body
+    parsed as JSON if it is valid JSON, else the body as UTF-8 text, or None
+    when the body is empty (the query string and method are not part of it) —
+    and keeps the headers (names lower-cased) for `switch` nodes. Its result
+    is the response: JSON, status 200; a result that is not JSON-serializable
+    gives status 500 with `{"error": ...}`.
+* Routers call user deployments with the payload only:
+  `await handle.remote(payload)`, i.e. the deployment's `__call__(payload)`.
+  Routers call routers with `route(payload, headers)`, so headers reach a
+  `switch` at any depth.
+* `sequence`: each step's output is the next step's input; the last output
+  is the result.
+* `ensemble`: members get the same payload concurrently; the result is
+  `{member id: output}`, or, with a combiner, the combiner's output given
+  that dict as its payload.
+* `switch`: compares a top-level field of a JSON-object payload (strings as
+  they are, other scalars as their JSON text: `true`, `3`, `null`) or a header
+  value with each case's `equals`; the first equal case wins, otherwise (field
+  or header missing, payload not an object, no match) the default.
+* `splitter`: picks one route per request at random with the given weights.
+* A user deployment calling a router through a handle it was bound to gets the
+  router's result as a Python value: `await router.remote(payload)`.
+* An exception in any node propagates to the ingress; Serve answers 500.
+"""
+
+from servegraph.runtime.builder import build
+from servegraph.runtime.spec import BuildError
+
+__all__ = ["BuildError", "build"]

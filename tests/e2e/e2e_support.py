@@ -1,0 +1,52 @@
+"""Helpers the e2e tests import (conftest modules are not importable reliably: several exist)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rayhead import RayHead
+
+from servegraph import up
+from servegraph.raydash import RayDashboard
+
+HERE = Path(__file__).resolve().parent
+GRAPHS = HERE / "graphs"
+E2E_GRAPH = GRAPHS / "e2e.txtpb"
+SAMPLES = HERE.parent.parent / "config" / "samples"
+
+
+async def start_serve(head: RayHead, port: int) -> None:
+    """Start Serve's proxy on `port` (an empty declarative config starts the controller)."""
+    async with RayDashboard(head.address, head.token) as dash:
+        await dash.put_applications({"http_options": {"host": "127.0.0.1", "port": port}, "applications": []})
+
+
+async def ensure_deployed(head: RayHead, graph: Path, timeout_s: float = 300.0) -> None:
+    """Deploy `graph` with `servegraph up` unless exactly its rendered apps already run."""
+    _, config = up.render(graph)
+    wanted = {app["name"]: app for app in config["applications"]}
+    async with RayDashboard(head.address, head.token) as client:
+        state = await client.get_applications()
+    if set(state.applications) == set(wanted) and all(
+        a.status == "RUNNING" and a.deployed_app_config == wanted[name] for name, a in state.applications.items()
+    ):
+        return
+    out, err = io.StringIO(), io.StringIO()
+    code = await up.up(graph, address=head.address, token=head.token, timeout_s=timeout_s, out=out, err=err)
+    assert code == 0, f"servegraph up {graph.name} failed ({code}):\n{err.getvalue()}"
+
+
+async def request(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: Any = None,
+    *,
+    data: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    """POST JSON (or raw text) and return (status, parsed JSON body)."""
+    async with http.post(url, json=body if data is None else None, data=data, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)

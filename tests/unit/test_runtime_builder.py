@@ -1,0 +1,169 @@
+"""The application builder without a cluster: what it binds, and how it fails."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.serve import Application
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+from servegraph.runtime import BuildError, build
+from servegraph.runtime.routers import Child, SequenceRouter, SwitchRouter
+
+USER_CODE = """
+from ray import serve
+
+class Model:
+    def __init__(self, size, *, peer=None, label="m"):
+        self.size = size
+
+def handler(payload):
+    return payload
+
+@serve.deployment(num_replicas=2)
+class Ready:
+    def __call__(self, payload):
+        return payload
+
+bound = Ready.bind()
+CONSTANT = 3
+"""
+
+
+@pytest.fixture(autouse=True)
+def user_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sg_user.py").write_text(textwrap.dedent(USER_CODE))
+    (tmp_path / "sg_needs_missing_dep.py").write_text("import sg_not_installed_dep\n")
+    (tmp_path / "sg_raises.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def dep(node_id: str, import_path: str, **body: Any) -> dict[str, Any]:
+    return {"id": node_id, "deployment": {"import_path": import_path, **body}}
+
+
+def build_error(nodes: list[dict[str, Any]], ingress: str) -> list[str]:
+    with pytest.raises(BuildError) as raised:
+        build({"ingress": ingress, "nodes": nodes})
+    return raised.value.problems
+
+
+def test_binds_literals_and_other_nodes_and_names_deployments_after_nodes() -> None:
+    app = build(
+        {
+            "ingress": "top",
+            "nodes": [
+                dep("leaf", "sg_user:Model", args=[{"value": 1}]),
+                dep("top", "sg_user.Model", args=[{"value": 2}], kwargs={"peer": {"node": "leaf"}}),
+            ],
+        }
+    )
+    top = app._bound_deployment  # Serve's own view of the bound graph
+    assert top.name == "top"
+    assert top.init_args == (2,)
+    peer = top.init_kwargs["peer"]
+    assert isinstance(peer, Application)  # Serve swaps it for leaf's DeploymentHandle
+    assert peer._bound_deployment.name == "leaf"
+    assert peer._bound_deployment.init_args == (1,)
+
+
+def test_an_existing_deployment_keeps_its_options_under_the_node_name() -> None:
+    app = build({"ingress": "r", "nodes": [dep("r", "sg_user:Ready")]})
+    assert app._bound_deployment.name == "r"
+    assert app._bound_deployment.num_replicas == 2
+
+
+def test_routers_get_children_with_their_kind() -> None:
+    app = build(
+        {
+            "ingress": "seq",
+            "nodes": [
+                dep("f", "sg_user:handler"),
+                {"id": "sw", "switch": {"field": "k", "cases": [{"equals": "x", "node": "f"}], "default": "f"}},
+                {"id": "seq", "sequence": {"steps": ["f", "sw"]}},
+            ],
+        }
+    )
+    seq = app._bound_deployment
+    assert seq.func_or_class is SequenceRouter
+    node_id, (first, second) = seq.init_args
+    assert node_id == "seq"
+    assert (first.id, first.router, second.id, second.router) == ("f", False, "sw", True)
+    switch = second.handle._bound_deployment
+    assert switch.func_or_class is SwitchRouter
+    assert switch.init_kwargs == {"field": "k", "header": None}
+    _, cases, default = switch.init_args
+    assert [(equals, child.id) for equals, child in cases] == [("x", "f")]
+    assert isinstance(default, Child) and default.id == "f"
+
+
+def test_serve_accepts_build_as_an_application_builder() -> None:
+    # Serve insists on a plain function of one parameter and calls it with the args dict.
+    app = call_user_app_builder_with_args_if_necessary(build, {"ingress": "f", "nodes": [dep("f", "sg_user:handler")]})
+    assert app._bound_deployment.name == "f"
+
+
+@pytest.mark.parametrize(
+    ("import_path", "expected"),
+    [
+        (
+            "sg_nowhere.models:Scorer",
+            "node \"n\", field deployment.import_path: 'sg_nowhere.models:Scorer': module 'sg_nowhere.models' not "
+            "found (is it installed in the Ray image or listed in runtime_env?)",
+        ),
+        (
+            "sg_needs_missing_dep:Model",
+            "node \"n\", field deployment.import_path: 'sg_needs_missing_dep:Model': importing 'sg_needs_missing_dep' "
+            "failed: ModuleNotFoundError: No module named 'sg_not_installed_dep'",
+        ),
+        (
+            "sg_raises:Model",
+            "node \"n\", field deployment.import_path: 'sg_raises:Model': importing 'sg_raises' failed: "
+            "RuntimeError: boom at import",
+        ),
+        (
+            "sg_user:Modle",
+            "node \"n\", field deployment.import_path: 'sg_user:Modle': module 'sg_user' has no attribute 'Modle'",
+        ),
+        (
+            "sg_user:CONSTANT",
+            "node \"n\", field deployment.import_path: 'sg_user:CONSTANT': is a int, not a Ray Serve deployment, a "
+            "class or a function",
+        ),
+        (
+            "sg_user:bound",
+            "node \"n\", field deployment.import_path: 'sg_user:bound': is a bound Application (the result of "
+            ".bind()); point it at the deployment, class or function",
+        ),
+        ("sg_user", "node \"n\", field deployment.import_path: 'sg_user': must look like 'module.path:Attribute'"),
+    ],
+)
+def test_import_problems_say_what_is_missing(import_path: str, expected: str) -> None:
+    assert build_error([dep("n", import_path)], "n") == [expected]
+
+
+def test_arguments_must_fit_the_constructor() -> None:
+    found = build_error(
+        [
+            dep("few", "sg_user:Model"),
+            dep("odd", "sg_user:Model", args=[{"value": 1}], kwargs={"colour": {"value": "red"}}),
+            dep("fn", "sg_user:handler", args=[{"value": 1}]),
+            {"id": "top", "sequence": {"steps": ["few", "odd", "fn"]}},
+        ],
+        "top",
+    )
+    assert found == [
+        "node \"few\": arguments do not match Model(size, *, peer=None, label='m'): missing a required argument: "
+        "'size'",
+        "node \"odd\": arguments do not match Model(size, *, peer=None, label='m'): got an unexpected keyword "
+        "argument 'colour'",
+        'node "fn": handler is a function and takes no constructor arguments; use a class',
+    ]  # and nothing about "top", whose children already failed
+
+
+def test_shape_problems_stop_before_importing_anything() -> None:
+    found = build_error([dep("a", "sg_raises:Model", args=[{"node": "ghost"}])], "a")
+    assert found == ['node "a", field deployment.args[0].node: unknown node "ghost"']

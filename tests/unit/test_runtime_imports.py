@@ -1,0 +1,57 @@
+"""The runtime and the examples load in a Ray image that has nothing of servegraph's dependencies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+PROBE = textwrap.dedent(
+    """
+    import sys
+
+    import ray.serve  # whatever Ray itself loads is in every Ray image
+    import starlette.requests
+
+    before = set(sys.modules)
+    import servegraph.examples
+    from servegraph.runtime import build
+
+    app = build({"ingress": "s", "nodes": [
+        {"id": "t", "deployment": {"import_path": "servegraph.examples:Tokenizer"}},
+        {"id": "s", "deployment": {"import_path": "servegraph.examples:Sentiment",
+                                  "kwargs": {"tokenizer": {"node": "t"}}}},
+    ]})
+    ours = ("servegraph", "servegraph.runtime", "servegraph.examples")
+    extra = sorted(
+        m for m in set(sys.modules) - before
+        if m.split(".")[0] not in sys.stdlib_module_names
+        and not any(m == p or m.startswith(p + ".") for p in ours[1:])
+        and m != "servegraph"
+    )
+    print(app._bound_deployment.name, extra)
+    """
+)
+
+
+def test_runtime_needs_nothing_but_ray() -> None:
+    """No kopf, Kubernetes client, renderer or generated protobuf code: only Ray and the standard library."""
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "s []"
+
+
+def test_the_package_root_imports_nothing() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; before = set(sys.modules); import servegraph; "
+            "print(sorted(m for m in set(sys.modules) - before if not m.startswith('servegraph')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
