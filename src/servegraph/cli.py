@@ -23,7 +23,7 @@ EXIT_INVALID = 2
 
 # Subcommands whose modules pull in optional dependencies (ray client, kopf) are
 # registered by those modules, so `validate` and `render` stay light.
-_OPTIONAL_COMMANDS = ("servegraph.up", "servegraph.operator.command")
+_OPTIONAL_COMMANDS = ("servegraph.up", "servegraph.operator.command", "servegraph.demo")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio.client.rest import ApiException
@@ -33,10 +34,13 @@ ROTATED_TOKEN = "rotated-t0ken-0f-the-test"
 WRONG_TOKEN = "wr0ng-t0ken-0f-the-test"
 
 
+HEALTH: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def operator(control_plane: ControlPlane) -> Iterator[Component]:
     bind_operator_rbac(control_plane)
-    component, _ = start_operator(control_plane)
+    component, HEALTH["port"] = start_operator(control_plane)
     yield component
     control_plane.unspawn(component)
     log = read_log(component.log_path)
@@ -299,3 +303,28 @@ async def test_deleted_servegraph_is_forgotten(kit: Kit) -> None:
     rs = await kit.get_rs("g")
     assert rs is not None and rs["metadata"]["ownerReferences"][0]["name"] == "g"  # GC (not run here) removes it
     assert yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"][0]["name"] == "sentiment"
+
+
+async def test_poll_interval_picks_up_new_content(kit: Kit) -> None:
+    kit.registry.registry.publish("mini", sample_bytes("mini"))
+    await kit.servegraph("polled", "mini", pollInterval="10s")
+    await kit.wait_condition("polled", "Applied", "True")
+    kit.registry.registry.publish("mini", sample_bytes("complete"))  # no trigger but the poll
+    complete = serve_config_yaml(load_graph(SAMPLES / "complete.pb"))
+    await kit.wait_rs("polled", lambda r: r["spec"]["serveConfigV2"] == complete, within=60)
+
+
+async def test_metrics_endpoint(kit: Kit) -> None:
+    await _applied(kit)
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{HEALTH['port']}/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")
+    }
+    assert samples['servegraph_reconciles_total{result="success"}'] >= 1
+    assert samples['servegraph_fetch_responses_total{code="200"}'] >= 1
+    assert samples["servegraph_fetch_bytes_total"] >= len(sample_bytes("mini"))
+    assert samples['servegraph_reconcile_duration_seconds_count{result="success"}'] >= 1
+    assert samples['servegraph_fetch_duration_seconds_count{code="200"}'] >= 1
+    assert samples['servegraph_servegraphs{condition="Applied",status="True"}'] >= 1
