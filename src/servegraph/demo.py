@@ -126,15 +126,15 @@ spec:
 """
 
 
-async def _wait_for_cluster(cp: Any, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_for_cluster(cp: Any, within: float = 120) -> None:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         out = cp.kubectl("get", "rayclusters", "-n", NAMESPACE, "-o", "name", check=False)
         if out.returncode == 0 and out.stdout.strip():
             return
         await asyncio.sleep(1)
     status = cp.kubectl("get", "servegraph", GRAPH, "-n", NAMESPACE, "-o", "yaml", check=False).stdout
-    raise SystemExit(f"demo: no RayCluster after {timeout:.0f} s; ServeGraph:\n{status}")
+    raise SystemExit(f"demo: no RayCluster after {within:.0f} s; ServeGraph:\n{status}")
 
 
 async def _wait_until_stopped(duration: float) -> None:

@@ -48,6 +48,13 @@ def decode(data: bytes, fmt: Format = Format.BINARY, *, max_bytes: int = DEFAULT
         raise GraphError([Problem("", f"cannot decode {fmt.value} protobuf: not UTF-8 ({exc.reason})")]) from None
     except RecursionError:
         raise GraphError([Problem("", f"cannot decode {fmt.value} protobuf: nested too deeply")]) from None
+    if fmt is not Format.BINARY:
+        # Text and JSON nest deeper than the binary decoder's limit: hold them to it, so
+        # every graph that decodes can also be packed and served as binary.
+        try:
+            graph_pb2.Graph.FromString(msg.SerializeToString())
+        except DecodeError:
+            raise GraphError([Problem("", f"cannot decode {fmt.value} protobuf: nested too deeply")]) from None
     return msg
 
 

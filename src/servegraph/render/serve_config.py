@@ -73,7 +73,8 @@ def config_yaml(config: Mapping[str, Any]) -> str:
 
 
 _FLOW_DEPTH = 4
-_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./:-]*")
+# No trailing ":": YAML reads `route_prefix: /a:` as a nested mapping and rejects it.
+_PLAIN = re.compile(r"[A-Za-z_/](?:[A-Za-z0-9_./:-]*[A-Za-z0-9_./-])?")
 _YAML11_WORDS = frozenset({"y", "n", "yes", "no", "true", "false", "on", "off", "null"})
 # Characters YAML reads as line breaks, forbids raw, or treats as a BOM: escape them.
 _YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
@@ -92,10 +93,37 @@ def _dotted(m: re.Match[str]) -> str:
 def _flow(value: Any) -> str:
     if isinstance(value, str) and _PLAIN.fullmatch(value) and value.lower() not in _YAML11_WORDS:
         return value
+    text = _json(value)
+    if len(text) > _LONG_KEY and _has_long_key(value):
+        return _explicit_keys(value)
+    return text
+
+
+def _json(value: Any) -> str:
     text = _JSON.encode(value)
     if _EXPONENT_HINT.search(text):
         text = _DOTLESS_EXPONENT.sub(_dotted, text)
     return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# YAML readers (PyYAML, libyaml, go-yaml) drop or reject a mapping key written
+# without `? ` once it spans more than 1024 characters.
+_LONG_KEY = 1000
+
+
+def _has_long_key(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any(len(_json(k)) > _LONG_KEY or _has_long_key(v) for k, v in value.items())
+    return isinstance(value, list) and any(_has_long_key(v) for v in value)
+
+
+def _explicit_keys(value: Any) -> str:
+    """Flow YAML with every key marked by `? `, which has no length limit."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"? {_json(k)}: {_explicit_keys(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_explicit_keys(v) for v in value) + "]"
+    return _json(value)
 
 
 def _key(key: str) -> str:

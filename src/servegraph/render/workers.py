@@ -123,7 +123,7 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
     if not ok:
         return None
 
-    def workers(pick: int) -> int:
+    def workers(pick: int) -> int | None:
         cpu = gpu = memory = 0.0
         need = 0
         extra: dict[str, float] = {}
@@ -139,9 +139,19 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
                 need = max(need, math.ceil(replicas / node.max_replicas_per_node))
         ratios = [cpu / cpus if cpus else 0.0, gpu / gpus if gpus else 0.0, memory / mem]
         ratios += [extra[res] / custom[res] for res in extra]
-        return max(need, math.ceil(max(ratios) - 1e-9))
+        worst = max(ratios)
+        if not math.isfinite(worst):  # replicas x resources overflowed a float
+            return None
+        return max(need, math.ceil(worst - 1e-9))
 
     lo, initial, hi = workers(0), workers(1), workers(2)
+    if lo is None or initial is None or hi is None:
+        problems.append(
+            Problem(
+                "", f'worker group "{name}": the replicas x resources of its nodes are too large to count workers for'
+            )
+        )
+        return None
     if hint.max_workers is not None:
         lo, initial, hi = (min(v, hint.max_workers) for v in (lo, initial, hi))
     return WorkerGroupPlan(
