@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,33 @@ async def connect(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(configuration=cfg)
 
 
+def secret_value(namespace: str, name: str, key: str, data: Mapping[str, str]) -> str:
+    """One key of a Secret's (base64) data; errors name the Secret and key, never the value."""
+    if key not in data:
+        raise KubeError("KeyNotFound", f"Secret {namespace}/{name} has no key {key!r}")
+    try:
+        return base64.b64decode(data[key]).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        raise KubeError("InvalidValue", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
+
+
+async def _raw(call: Awaitable[Any], what: str) -> Any:
+    """Await a generated-client call made with `_preload_content=False`.
+
+    Skips the client's model deserialization (dateutil parsing of every timestamp,
+    most of the operator's CPU per request at scale) and checks the status the
+    client no longer checks itself.
+    """
+    try:
+        resp = await call
+        data = await resp.read()
+    except ApiException as exc:
+        raise _error(exc, what) from None
+    if not 200 <= resp.status <= 299:
+        raise _status_error(resp.status, resp.reason, data, what)
+    return json.loads(data) if data else None
+
+
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -76,10 +103,8 @@ class Kube:
     async def apply_rayservice(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply, forcing ownership of every field we render."""
         meta = manifest["metadata"]
-        try:
-            # The raw response: the generated client maps only 200 to a body and
-            # returns None for the 201 of an apply that creates.
-            resp = await self._custom.patch_namespaced_custom_object(
+        obj: dict[str, Any] = await _raw(
+            self._custom.patch_namespaced_custom_object(
                 RAY_GROUP,
                 RAY_VERSION,
                 meta["namespace"],
@@ -90,18 +115,14 @@ class Kube:
                 force=True,
                 _content_type="application/apply-patch+yaml",
                 _preload_content=False,
-            )
-            data = await resp.read()
-        except ApiException as exc:
-            raise _error(exc, f"apply RayService {meta['namespace']}/{meta['name']}") from None
-        if not 200 <= resp.status <= 299:  # unchecked by the client without preloading
-            raise _status_error(resp.status, resp.reason, data, f"apply RayService {meta['namespace']}/{meta['name']}")
-        obj: dict[str, Any] = json.loads(data)
+            ),
+            f"apply RayService {meta['namespace']}/{meta['name']}",
+        )
         return obj
 
     async def patch_servegraph_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        try:
-            await self._custom.patch_namespaced_custom_object_status(
+        await _raw(
+            self._custom.patch_namespaced_custom_object_status(
                 GROUP,
                 VERSION,
                 namespace,
@@ -109,9 +130,10 @@ class Kube:
                 name,
                 body={"status": dict(patch)},
                 _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            raise _error(exc, f"patch status of ServeGraph {namespace}/{name}") from None
+                _preload_content=False,
+            ),
+            f"patch status of ServeGraph {namespace}/{name}",
+        )
 
     async def annotate_servegraph(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         try:
@@ -127,20 +149,13 @@ class Kube:
         except ApiException as exc:
             raise _error(exc, f"annotate ServeGraph {namespace}/{name}") from None
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> tuple[str, str]:
-        """(value, resourceVersion) of one key; errors name the Secret and key, never the value."""
-        try:
-            secret = await self._core.read_namespaced_secret(name, namespace)
-        except ApiException as exc:
-            raise _error(exc, f"read Secret {namespace}/{name}") from None
-        data = secret.data or {}
-        if key not in data:
-            raise KubeError("KeyNotFound", f"Secret {namespace}/{name} has no key {key!r}")
-        try:
-            value = base64.b64decode(data[key]).decode("utf-8")
-        except (ValueError, UnicodeDecodeError):
-            raise KubeError("InvalidValue", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
-        return value, str(secret.metadata.resource_version)
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data (base64 values), as the watch delivers it."""
+        obj = await _raw(
+            self._core.read_namespaced_secret(name, namespace, _preload_content=False),
+            f"read Secret {namespace}/{name}",
+        )
+        return dict(obj.get("data") or {})
 
     async def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
         try:
@@ -174,7 +189,4 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        try:
-            await self._core.create_namespaced_event(meta["namespace"], body)
-        except ApiException as exc:
-            raise _error(exc, "post Event") from None
+        await _raw(self._core.create_namespaced_event(meta["namespace"], body, _preload_content=False), "post Event")

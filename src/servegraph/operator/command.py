@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("servegraph").setLevel(logging.INFO)
+    if not args.verbose:
+        # kopf logs every handler call at INFO; our own log has one line per transition.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     memo = kopf.Memo(options=options)
     namespaces = args.namespace or None
     asyncio.run(kopf.operator(clusterwide=namespaces is None, namespaces=namespaces or (), standalone=True, memo=memo))

@@ -49,8 +49,11 @@ async def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 
 @kopf.on.event("", "v1", "secrets")
 async def secret_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    meta = event["object"].get("metadata") or {}
-    memo.operator.secret_changed(meta.get("namespace", ""), meta.get("name", ""))
+    obj = event["object"]
+    meta = obj.get("metadata") or {}
+    memo.operator.secret_changed(
+        meta.get("namespace", ""), meta.get("name", ""), obj.get("data"), event["type"] == "DELETED"
+    )
 
 
 @kopf.on.event("ray.io", "v1", "rayservices", labels={GRAPH_LABEL: kopf.PRESENT})

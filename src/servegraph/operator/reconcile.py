@@ -19,11 +19,19 @@ import aiohttp
 
 from servegraph.graph import Graph, GraphError, parse_graph
 from servegraph.kube import Kube, KubeError
+from servegraph.kube.client import secret_value
 from servegraph.operator import conditions
 from servegraph.operator.conditions import Condition
 from servegraph.operator.metrics import Metrics
 from servegraph.operator.queue import WorkQueue
-from servegraph.operator.spec import REFRESH_ANNOTATION, Source, SpecError, owner_reference, parse_spec
+from servegraph.operator.spec import (
+    REFRESH_ANNOTATION,
+    ServeGraphSpec,
+    Source,
+    SpecError,
+    owner_reference,
+    parse_spec,
+)
 from servegraph.operator.status import contains, merge_patch, mirror_applications, ready_condition
 from servegraph.render import render_rayservice
 from servegraph.render.rayservice import SPEC_HASH_ANNOTATION
@@ -56,6 +64,11 @@ class Observed:
     digest: str | None = None
     size: int = 0
     conditions: dict[str, str] = field(default_factory=dict)
+    desired: dict[str, Any] | None = None
+    render_key: tuple[Any, ...] | None = None
+    """(graph digest, uid, generation) the desired RayService was rendered from."""
+    desired_key: tuple[Any, ...] | None = None
+    """(spec hash, owner uid): what a live RayService is compared by."""
 
 
 @dataclass
@@ -87,8 +100,9 @@ class Reconciler:
         self.observed: dict[Key, Observed] = {}
         # The owned RayServices as the watch last showed them (None: deleted), so that a
         # reconcile triggered by KubeRay's status updates costs no API request at all.
-        self.rayservices: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self.rayservices: dict[tuple[str, str], Live | None] = {}
         self._secret_refs: dict[Key, set[tuple[str, str]]] = {}
+        self._secrets: dict[tuple[str, str], dict[str, str]] = {}
         metrics.watch_conditions(self._condition_pairs)
 
     # -- triggers: each only records what changed and queues the key -------------
@@ -101,7 +115,7 @@ class Reconciler:
             self._secret_refs.pop(key, None)
             self.queue.discard(key)
             return
-        self.bodies[key] = dict(body)
+        self.bodies[key] = _slim(body)
         src = (body.get("spec") or {}).get("source") or {}
         refs = {(key[0], (src.get("tokenSecretRef") or {}).get("name", ""))}
         ca_ref = (src.get("caBundle") or {}).get("secretRef")
@@ -110,22 +124,47 @@ class Reconciler:
         self._secret_refs[key] = refs
         self.queue.add(key)
 
-    def secret_changed(self, namespace: str, name: str) -> None:
-        """A referenced Secret changed (token rotation): fetch again with it."""
-        for key, refs in self._secret_refs.items():
-            if (namespace, name) in refs:
-                self.observed.setdefault(key, Observed()).force_fetch = True
-                self.queue.add(key)
+    def secret_changed(self, namespace: str, name: str, data: Mapping[str, str] | None, deleted: bool = False) -> None:
+        """A referenced Secret changed (token rotation): keep its data, fetch again with it.
+
+        Only Secrets some ServeGraph references are kept, so the watch costs no
+        API reads per download and holds no other application's secrets.
+        """
+        users = [key for key, refs in self._secret_refs.items() if (namespace, name) in refs]
+        if not users:
+            self._secrets.pop((namespace, name), None)
+            return
+        if deleted:
+            self._secrets.pop((namespace, name), None)
+        else:
+            self._secrets[(namespace, name)] = dict(data or {})
+        for key in users:
+            self.observed.setdefault(key, Observed()).force_fetch = True
+            self.queue.add(key)
+
+    async def _secret(self, namespace: str, name: str, key: str) -> str:
+        """From the watch's copy; read once when the watch delivered it before any reference."""
+        data = self._secrets.get((namespace, name))
+        if data is None:
+            data = await self.kube.read_secret_data(namespace, name)
+            if any((namespace, name) in refs for refs in self._secret_refs.values()):
+                self._secrets.setdefault((namespace, name), data)
+        return secret_value(namespace, name, key, data)
 
     def rayservice_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         """An owned RayService changed or vanished: repair drift, mirror status."""
         meta = body.get("metadata") or {}
-        self.rayservices[(meta.get("namespace", ""), meta.get("name", ""))] = None if deleted else dict(body)
-        for owner in meta.get("ownerReferences") or ():
-            if owner.get("kind") == "ServeGraph" and owner.get("apiVersion", "").startswith("servegraph.io/"):
-                key = (meta.get("namespace", ""), owner.get("name", ""))
-                if key in self.bodies:
-                    self.queue.add(key)
+        namespace = meta.get("namespace", "")
+        owners = [
+            (namespace, o.get("name", ""))
+            for o in meta.get("ownerReferences") or ()
+            if o.get("kind") == "ServeGraph" and o.get("apiVersion", "").startswith("servegraph.io/")
+        ]
+        obs = self.observed.get(owners[0]) if owners else None
+        self.rayservices[(namespace, meta.get("name", ""))] = None if deleted else _live(body, obs)
+        for key in owners:
+            if key in self.bodies:
+                self.queue.add(key)
 
     def resync_all(self) -> None:
         """Queue every known ServeGraph (a new leader catches up on what it missed)."""
@@ -157,7 +196,7 @@ class Reconciler:
             self.metrics.reconcile_seconds.labels(result).observe(time.monotonic() - start)
 
     async def _reconcile(self, key: Key, body: dict[str, Any]) -> float | None:
-        namespace, name = key
+        namespace, _ = key
         obs = self.observed.setdefault(key, Observed())
         out = _Outcome()
         try:
@@ -174,17 +213,16 @@ class Reconciler:
         live = None
         rs_name = None
         if obs.graph is not None:
-            options = spec.rayservice_options(name, namespace, owner_reference(body))
             try:
-                desired = render_rayservice(obs.graph, options)
+                desired = self._desired(obs, spec, body)
             except GraphError as exc:
                 out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
                 desired = None
             if desired is not None:
                 rs_name = desired["metadata"]["name"]
-                live = await self._get_live(namespace, rs_name, out)
+                live = await self._get_live(namespace, rs_name, obs, out)
                 if not out.retry:
-                    live = await self._apply_if_needed(body, desired, live, out)
+                    live = await self._apply_if_needed(body, obs, desired, live, out)
         else:
             out.applied = Condition("Applied", False, "NoValidGraph", "no valid graph has been downloaded yet")
         await self._write_status(body, obs, out, live, rs_name)
@@ -193,6 +231,18 @@ class Reconciler:
         if spec.source.poll_interval_s:
             return max(0.0, obs.poll_due - time.monotonic())
         return None
+
+    def _desired(self, obs: Observed, spec: ServeGraphSpec, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The rendered RayService, re-rendered only when the graph or the spec changed
+        (status updates and KubeRay's writes trigger many reconciles that change neither)."""
+        meta = body["metadata"]
+        render_key = (obs.digest, meta.get("uid"), meta.get("generation"))
+        if obs.desired is None or obs.render_key != render_key:
+            assert obs.graph is not None
+            options = spec.rayservice_options(meta["name"], meta["namespace"], owner_reference(body))
+            obs.desired, obs.render_key = render_rayservice(obs.graph, options), render_key
+            obs.desired_key = (obs.desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
+        return obs.desired
 
     def _needs_fetch(self, obs: Observed, source: Source, refresh: str | None, now: float) -> bool:
         """New inputs fetch at once; a failure waits for its retry; otherwise only a poll fetches."""
@@ -212,7 +262,7 @@ class Reconciler:
         if source.poll_interval_s:
             obs.poll_due = now + source.poll_interval_s
         try:
-            token, _ = await self.kube.read_secret_key(namespace, source.token.name, source.token.key)
+            token = await self._secret(namespace, source.token.name, source.token.key)
             ca_pem = await self._ca(namespace, source)
             request = FetchRequest(
                 url=source.url,
@@ -227,8 +277,9 @@ class Reconciler:
         except (KubeError, FetchError) as exc:
             reason = exc.reason if isinstance(exc, FetchError) else f"Secret{exc.reason}"
             out.fetched = Condition("Fetched", False, reason, str(exc))
-            # Retried on the queue's backoff; events arriving meanwhile do not fetch.
-            obs.retry_fetch_at = now + RETRY_FETCH_MIN_S
+            # Retried on the queue's backoff; events arriving meanwhile do not fetch. Counted
+            # from the failure, not the start: a download with retries outlasts the minimum.
+            obs.retry_fetch_at = time.monotonic() + RETRY_FETCH_MIN_S
             out.retry = True
             return
         obs.retry_fetch_at = 0.0
@@ -261,27 +312,28 @@ class Reconciler:
 
     async def _ca(self, namespace: str, source: Source) -> str | None:
         if source.ca_secret is not None:
-            pem, _ = await self.kube.read_secret_key(namespace, source.ca_secret.name, source.ca_secret.key)
-            return pem
+            return await self._secret(namespace, source.ca_secret.name, source.ca_secret.key)
         if source.ca_config_map is not None:
             return await self.kube.read_configmap_key(namespace, source.ca_config_map.name, source.ca_config_map.key)
         return None
 
-    async def _get_live(self, namespace: str, name: str, out: _Outcome) -> dict[str, Any] | None:
-        if (namespace, name) in self.rayservices:
-            return self.rayservices[(namespace, name)]
-        try:
-            return await self.kube.get_rayservice(namespace, name)
+    async def _get_live(self, namespace: str, name: str, obs: Observed, out: _Outcome) -> Live | None:
+        cached = self.rayservices.get((namespace, name), _MISSING)
+        if cached is None or (isinstance(cached, Live) and cached.compared):
+            return cached
+        try:  # not seen yet, or seen before anything was desired (start-up): read it once
+            body = await self.kube.get_rayservice(namespace, name)
+            return None if body is None else _live(body, obs)
         except KubeError as exc:
             out.applied = Condition("Applied", False, "ReadFailed", str(exc))
             out.retry = True
             return None
 
     async def _apply_if_needed(
-        self, body: dict[str, Any], desired: dict[str, Any], live: dict[str, Any] | None, out: _Outcome
-    ) -> dict[str, Any] | None:
+        self, body: dict[str, Any], obs: Observed, desired: dict[str, Any], live: Live | None, out: _Outcome
+    ) -> Live | None:
         name = desired["metadata"]["name"]
-        if live is not None and _up_to_date(live, desired):
+        if live is not None and live.matched is not None and live.matched == obs.desired_key:
             out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
             return live
         try:
@@ -291,16 +343,17 @@ class Reconciler:
             out.retry = True
             return live
         self.metrics.writes.labels("rayservice").inc()
-        self.rayservices[(desired["metadata"]["namespace"], name)] = applied
+        record = Live(obs.desired_key, mirror_applications(applied))
+        self.rayservices[(desired["metadata"]["namespace"], name)] = record
         verb = "created" if live is None else "updated"
         ns, sg = body["metadata"]["namespace"], body["metadata"]["name"]
         log.info("[%s/%s] %s RayService %s", ns, sg, verb, name)
         out.events.append(("Normal", "Applied", f"{verb} RayService {name}"))
         out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
-        return applied
+        return record
 
     async def _write_status(
-        self, body: dict[str, Any], obs: Observed, out: _Outcome, live: dict[str, Any] | None, rs_name: str | None
+        self, body: dict[str, Any], obs: Observed, out: _Outcome, live: Live | None, rs_name: str | None
     ) -> None:
         meta = body["metadata"]
         old: dict[str, Any] = dict(body.get("status") or {})
@@ -311,9 +364,9 @@ class Reconciler:
                 updates.append(cond)
             elif (prev := conditions.get(current, type_)) is not None:
                 updates.append(Condition(type_, _bool(prev["status"]), prev["reason"], prev["message"]))
-        applications = mirror_applications(live)
+        applications = live.applications if live is not None else {}
         if rs_name is not None or obs.graph is None:
-            updates.append(ready_condition(obs.graph, live, applications))
+            updates.append(ready_condition(obs.graph, live is not None, applications))
         now = conditions.now_rfc3339()
         new = dict(old)
         new["observedGeneration"] = meta.get("generation", 0)
@@ -351,7 +404,7 @@ class Reconciler:
             self.metrics.writes.labels("status").inc()
             body["status"] = new
             self._log_transitions(ns, name, current, new["conditions"], out)
-        for type_, reason, message in out.events:
+        for type_, reason, message in _fold_events(out.events):
             await self._event(body, type_, reason, message, now)
 
     def _log_transitions(
@@ -379,6 +432,56 @@ class Reconciler:
             log.warning(
                 "[%s/%s] cannot post event %s: %s", body["metadata"]["namespace"], body["metadata"]["name"], reason, exc
             )
+
+
+@dataclass(frozen=True)
+class Live:
+    """What a reconcile needs of a live RayService, kept instead of the object.
+
+    `matched` is the Observed.desired_key the object was found to match when the
+    watch delivered it (None: it did not, or nothing was desired yet); comparing
+    keys then replaces a deep comparison on every reconcile, and a thousand
+    RayServices are not held in memory.
+    """
+
+    matched: tuple[Any, ...] | None
+    applications: dict[str, Any]
+    compared: bool = True
+    """False when nothing was desired yet to compare with (the reconcile then reads it)."""
+
+
+_MISSING = object()
+
+
+def _live(body: Mapping[str, Any], obs: Observed | None) -> Live:
+    if obs is None or obs.desired is None:
+        return Live(None, mirror_applications(body), compared=False)
+    matched = obs.desired_key if _up_to_date(body, obs.desired) else None
+    return Live(matched, mirror_applications(body))
+
+
+def _slim(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A watched object without metadata.managedFields, which mirrors the whole spec
+    and is never read here: a third of the memory per ServeGraph at scale."""
+    out = dict(obj)
+    meta = out.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
+def _fold_events(events: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """One Normal event per reconcile: "Applied" says what "Fetched" would, plus more.
+
+    Creating a ServeGraph then costs one Event, not two: at a thousand ServeGraphs
+    that is a thousand API writes saved.
+    """
+    normal = [e for e in events if e[0] == "Normal"]
+    applied = next((e for e in normal if e[1] == "Applied"), None)
+    fetched = next((e for e in normal if e[1] == "Fetched"), None)
+    if applied and fetched:
+        normal = [("Normal", "Applied", f"{applied[2]}: {fetched[2]}")]
+    return normal + [e for e in events if e[0] != "Normal"]
 
 
 def _up_to_date(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -16,6 +16,7 @@ from aiohttp import web
 
 from servegraph import __version__
 from servegraph.kube import Kube, KubeError, connect
+from servegraph.kube.client import secret_value
 from servegraph.operator.events_endpoint import events_app
 from servegraph.operator.leader import LeaderElector, LeaseConfig
 from servegraph.operator.metrics import Metrics
@@ -73,8 +74,8 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def secret_changed(self, namespace: str, name: str) -> None:
-        self.reconciler.secret_changed(namespace, name)
+    def secret_changed(self, namespace: str, name: str, data: Mapping[str, str] | None, deleted: bool) -> None:
+        self.reconciler.secret_changed(namespace, name, data, deleted)
         if self.options.events_token_secret == (namespace, name):
             asyncio.get_running_loop().create_task(self.load_events_token())
 
@@ -83,7 +84,7 @@ class Operator:
             return
         ns, name = self.options.events_token_secret
         try:
-            token, _ = await self.kube.read_secret_key(ns, name, "token")
+            token = secret_value(ns, name, "token", await self.kube.read_secret_data(ns, name))
         except KubeError as exc:
             log.warning("events endpoint token unavailable (%s); the endpoint answers 401", exc.reason)
             self.events_token = None

@@ -41,12 +41,10 @@ def mirror_applications(rayservice: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def ready_condition(
-    graph: Graph | None, rayservice: Mapping[str, Any] | None, applications: Mapping[str, Any]
-) -> Condition:
+def ready_condition(graph: Graph | None, exists: bool, applications: Mapping[str, Any]) -> Condition:
     if graph is None:
         return Condition("Ready", False, "NoValidGraph", "no valid graph has been applied yet")
-    if rayservice is None:
+    if not exists:
         return Condition("Ready", False, "RayServiceMissing", "the RayService does not exist yet")
     expected = [a.name for a in graph.applications]
     missing = [a for a in expected if a not in applications]

@@ -8,6 +8,7 @@ contains it, nor the URL's userinfo or query (where people put tokens too).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import random
 import ssl
@@ -81,8 +82,13 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+@functools.lru_cache(maxsize=64)
 def ssl_context(ca_pem: str | None) -> ssl.SSLContext:
-    """Verified TLS: the system CAs, or only the given bundle."""
+    """Verified TLS: the system CAs, or only the given bundle.
+
+    Cached: building a context costs milliseconds, and aiohttp pools connections
+    per context, so one context per bundle is what lets downloads reuse them.
+    """
     if ca_pem:
         return ssl.create_default_context(cadata=ca_pem)
     return ssl.create_default_context()
