@@ -1,0 +1,193 @@
+"""The operator's pure parts, without a server: spec reading, conditions, status
+mirroring, merge patches, drift comparison, the work queue, event parsing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from cloudevents.core.bindings.http import to_binary_event, to_structured_event
+from cloudevents.core.v1.event import CloudEvent
+from support import SAMPLES
+
+from servegraph.graph import load_graph
+from servegraph.operator import conditions
+from servegraph.operator.conditions import Condition
+from servegraph.operator.events_endpoint import TokenBucket, matches, parse_event, parse_selector
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.reconcile import _fold_events
+from servegraph.operator.spec import SpecError, parse_duration, parse_spec
+from servegraph.operator.status import contains, merge_patch, mirror_applications, ready_condition
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30), ("5m", 300), ("1h30m", 5400), ("1.5s", 1.5), ("250ms", 0.25)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "x") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5", "m5", "5 m", "1h-2m", "5d"])
+def test_bad_durations_name_the_field(text: str) -> None:
+    with pytest.raises(SpecError, match=r"spec\.source\.timeout: .* is not a duration"):
+        parse_duration(text, "source.timeout")
+
+
+def test_spec_defaults_and_overrides() -> None:
+    spec = parse_spec(
+        {
+            "source": {
+                "url": "https://r/x",
+                "tokenSecretRef": {"name": "t"},
+                "caBundle": {"configMapRef": {"name": "ca"}},
+            },
+            "rayService": {"name": "svc", "image": "img:1", "workers": {"nodeSelector": {"pool": "ray"}}},
+        }
+    )
+    assert spec.source.token.key == "token" and spec.source.timeout_s == 30 and spec.source.poll_interval_s is None
+    assert spec.source.ca_config_map is not None and spec.source.ca_config_map.key == "ca.crt"
+    options = spec.rayservice_options("sg", "ns", {"uid": "u"})
+    assert (options.name, options.image, options.labels) == ("svc", "img:1", {"servegraph.io/graph": "sg"})
+    assert dict(options.workers.node_selector) == {"pool": "ray"}
+    with pytest.raises(SpecError, match=r"url and tokenSecretRef\.name are required"):
+        parse_spec({"source": {"url": "https://r/x"}})
+
+
+def test_condition_transition_time_moves_only_on_status_change() -> None:
+    first = conditions.merge([], [Condition("Fetched", True, "Downloaded", "a")], 1, "T1")
+    same = conditions.merge(first, [Condition("Fetched", True, "NotModified", "b")], 2, "T2")
+    flipped = conditions.merge(same, [Condition("Fetched", False, "Timeout", "c")], 2, "T3")
+    assert first[0]["lastTransitionTime"] == "T1"
+    assert (
+        same[0]["lastTransitionTime"] == "T1"
+        and same[0]["reason"] == "NotModified"
+        and same[0]["observedGeneration"] == 2
+    )
+    assert flipped[0]["lastTransitionTime"] == "T3" and flipped[0]["status"] == "False"
+    ordered = conditions.merge(
+        flipped, [Condition("Ready", None, "X", ""), Condition("Applied", True, "Y", "")], 2, "T4"
+    )
+    assert [c["type"] for c in ordered] == ["Fetched", "Applied", "Ready"]
+    assert ordered[2]["status"] == "Unknown"
+
+
+RAYSERVICE = {
+    "status": {
+        "activeServiceStatus": {
+            "applicationStatuses": {
+                "sentiment": {
+                    "status": "DEPLOY_FAILED",
+                    "message": "boom",
+                    "serveDeploymentStatuses": {
+                        "tokenizer": {"status": "HEALTHY"},
+                        "sentiment": {"status": "UNHEALTHY", "message": "crash"},
+                    },
+                }
+            }
+        }
+    }
+}
+
+
+def test_mirror_and_ready() -> None:
+    graph = load_graph(SAMPLES / "mini.pb")
+    apps = mirror_applications(RAYSERVICE)
+    assert apps == {
+        "sentiment": {
+            "status": "DEPLOY_FAILED",
+            "message": "boom",
+            "deployments": {
+                "sentiment": {"status": "UNHEALTHY", "message": "crash"},
+                "tokenizer": {"status": "HEALTHY"},
+            },
+        }
+    }
+    assert ready_condition(graph, True, apps) == Condition(
+        "Ready", False, "ApplicationsNotRunning", "sentiment: DEPLOY_FAILED"
+    )
+    assert ready_condition(graph, True, {"sentiment": {"status": "RUNNING"}}).status is True
+    assert ready_condition(graph, True, {}).reason == "WaitingForApplications"
+    assert ready_condition(graph, False, {}).reason == "RayServiceMissing"
+    assert ready_condition(None, False, {}).reason == "NoValidGraph"
+    two_apps = load_graph(SAMPLES / "complete.pb")
+    partial = ready_condition(two_apps, True, {"reviews": {"status": "RUNNING"}})
+    assert partial.status is False and partial.message == "search: not reported"
+
+
+def test_merge_patch_is_minimal_and_deletes_removed_keys() -> None:
+    old = {"a": 1, "apps": {"x": {"status": "RUNNING"}, "y": {"status": "RUNNING"}}, "list": [1, 2]}
+    new = {"a": 1, "apps": {"x": {"status": "DEPLOYING"}}, "list": [1, 2], "b": 2}
+    assert merge_patch(old, new) == {"apps": {"x": {"status": "DEPLOYING"}, "y": None}, "b": 2}
+    assert merge_patch(new, new) == {}
+
+
+def test_contains_ignores_server_defaults_but_not_edits() -> None:
+    desired = {"spec": {"a": 1, "groups": [{"name": "cpu", "replicas": 2}]}}
+    live = {"spec": {"a": 1, "defaulted": True, "groups": [{"name": "cpu", "replicas": 2, "extra": 0}]}, "status": {}}
+    assert contains(live, desired)
+    assert not contains({"spec": {"a": 2, "groups": [{"name": "cpu", "replicas": 2}]}}, desired)
+    assert not contains({"spec": {"a": 1, "groups": []}}, desired)
+    assert not contains({"spec": {"a": 1}}, desired)
+
+
+def test_fold_events_keeps_one_normal_event() -> None:
+    events = [
+        ("Normal", "Fetched", "graph g version '1'"),
+        ("Normal", "Applied", "created RayService g"),
+        ("Warning", "X", "y"),
+    ]
+    assert _fold_events(events) == [
+        ("Normal", "Applied", "created RayService g: graph g version '1'"),
+        ("Warning", "X", "y"),
+    ]
+    assert _fold_events([("Normal", "Fetched", "f")]) == [("Normal", "Fetched", "f")]
+
+
+async def test_queue_dedupes_and_requeues_dirty_keys() -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay_s=0.01, max_delay_s=0.05)
+    q.add("a")
+    q.add("a")
+    assert len(q) == 1
+    key = await q.get()
+    q.add("a")  # changed while being processed: runs once more after
+    assert len(q) == 0
+    q.done(key)
+    assert len(q) == 1 and await q.get() == "a"
+    q.done("a")
+    delays = [q.retry("b") for _ in range(4)]
+    assert delays[0] < delays[-1] <= 0.05 * 1.2
+    await asyncio.wait_for(q.get(), timeout=5)
+
+
+def test_token_bucket() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate=1, burst=2, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+    now[0] = 1.0
+    assert bucket.take() and not bucket.take()
+
+
+def _event(**attrs: object) -> CloudEvent:
+    base: dict[str, object] = {"type": "io.servegraph.graph.published", "source": "https://r", "id": "1"}
+    base.update(attrs)
+    return CloudEvent(attributes=base, data=None)
+
+
+def test_parse_event_both_modes_and_matching() -> None:
+    for message in (to_binary_event(_event(subject="https://r/g")), to_structured_event(_event(subject="https://r/g"))):
+        published = parse_event(message.headers, message.body)
+        assert published.url == "https://r/g" and published.event_id == "1"
+    sg = {"metadata": {"labels": {"team": "a"}}, "spec": {"source": {"url": "https://r/g"}}}
+    assert matches(sg, parse_event(*_parts(to_binary_event(_event(subject="https://r/g")))))
+    assert not matches(sg, parse_event(*_parts(to_binary_event(_event(subject="https://r/other")))))
+    assert parse_selector("team=a, tier==gold,canary") == (("team", "a"), ("tier", "gold"), ("canary", None))
+    with pytest.raises(ValueError, match="unsupported selector"):
+        parse_selector("team!=a")
+    with pytest.raises(ValueError, match="unsupported event type"):
+        parse_event(*_parts(to_binary_event(_event(type="x.y", subject="s"))))
+    with pytest.raises(ValueError, match="not a CloudEvent"):
+        parse_event({"content-type": "application/json"}, b"[]")
+
+
+def _parts(message: object) -> tuple[dict[str, str], bytes]:
+    return dict(message.headers), message.body  # type: ignore[attr-defined]
