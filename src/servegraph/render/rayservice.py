@@ -14,12 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from servegraph import __version__
 from servegraph.graph import model
 from servegraph.render.serve_config import SERVE_HTTP_PORT, serve_config_yaml
 from servegraph.render.workers import GiB, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
 
 DEFAULT_RAY_VERSION = "2.60.0"
-DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311"
+# Ray with the servegraph runtime installed (docker/ray.Dockerfile): the plain
+# rayproject/ray image cannot import servegraph.runtime:build. GPU graphs get
+# the image built on Ray's CUDA base.
+DEFAULT_IMAGE = f"ghcr.io/servegraph/servegraph-ray:{__version__}"
 SPEC_HASH_ANNOTATION = "servegraph.io/spec-hash"
 GRAPH_LABEL = "servegraph.io/graph"
 MAX_NAME = 47  # KubeRay rejects longer RayService names (derived object names must fit 63).
@@ -72,9 +76,10 @@ def rayservice_name(name: str) -> str:
 def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[str, Any]:
     """The RayService manifest, with a spec-hash annotation over everything we own."""
     name = rayservice_name(options.name)
-    image = options.image or graph.cluster.image or DEFAULT_IMAGE
-    ray_version = options.ray_version or graph.cluster.ray_version or DEFAULT_RAY_VERSION
     plans = plan_worker_groups(graph)
+    default_image = DEFAULT_IMAGE + ("-gpu" if any(p.gpus for p in plans) else "")
+    image = options.image or graph.cluster.image or default_image
+    ray_version = options.ray_version or graph.cluster.ray_version or DEFAULT_RAY_VERSION
     cluster: dict[str, Any] = {"rayVersion": ray_version}
     if uses_autoscaling(graph):
         cluster["enableInTreeAutoscaling"] = True
