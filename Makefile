@@ -32,8 +32,8 @@ proto: venv
 	$(PY) hack/protogen.py
 
 lint: venv $(BUF)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench fuzz
+	$(VENV)/bin/ruff format --check src tests bench fuzz
 	$(VENV)/bin/mypy
 	cd proto && $(BUF) lint
 
@@ -50,8 +50,11 @@ demo: venv
 	@assets=$$(bash hack/testenv/build.sh | tail -n 1) && \
 	  SERVEGRAPH_TESTENV="$$assets" $(VENV)/bin/servegraph demo
 
+## bench: parse+validate+render (bench/render_bench.py) and the operator on the real control plane
 bench: venv
 	$(PY) bench/render_bench.py
+	@assets=$$(bash hack/testenv/build.sh | tail -n 1) && for n in 100 500 1000; do \
+	  SERVEGRAPH_TESTENV="$$assets" $(PY) bench/operator_bench.py --counts $$n --changes 200 --quiet-s 60 || exit 1; done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -219,3 +219,20 @@ def _lit(v: object) -> object:
     from servegraph.graph.model import Literal
 
     return Literal(v)
+
+
+@pytest.mark.parametrize("field", ["name", "node", "import_path"])
+def test_trailing_newline_is_not_accepted(field: str) -> None:
+    """`$` matches before a final newline; the validator must not let "a\\n" through."""
+    g = graph(chain_app(length=1))
+    app = g.applications[0]
+    if field == "name":
+        g.name = "g\n"
+    elif field == "node":
+        app.nodes["n0\n"].CopyFrom(app.nodes["n0"])
+        del app.nodes["n0"]
+        app.ingress = "n0\n"
+    else:
+        app.nodes["n0"].deployment.import_path = "pkg.mod:Leaf\n"
+    with pytest.raises(GraphError):
+        to_model(g)

@@ -60,7 +60,7 @@ def to_model(msg: graph_pb2.Graph, *, max_nodes: int = MAX_NODES) -> model.Graph
         )
         # A graph of another schema version cannot be interpreted field by field.
         raise GraphError(problems)
-    if not _DNS1123_LABEL.match(msg.name):
+    if not _DNS1123_LABEL.fullmatch(msg.name):
         add(
             Problem(
                 where(field="name"),
@@ -112,9 +112,11 @@ def _labels(labels: Mapping[str, str], add: Add) -> tuple[tuple[str, str], ...]:
     for key, value in sorted(labels.items()):
         name = key.rsplit("/", 1)[-1]
         prefix = key[: -len(name) - 1] if "/" in key else ""
-        if not _LABEL_NAME.match(name) or (prefix and not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", prefix)):
+        if not _LABEL_NAME.fullmatch(name) or (
+            prefix and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", prefix)
+        ):
             add(Problem(where(field=f"labels[{key!r}]"), "not a valid Kubernetes label key"))
-        if not _LABEL_VALUE.match(value):
+        if not _LABEL_VALUE.fullmatch(value):
             add(
                 Problem(
                     where(field=f"labels[{key!r}]"),
@@ -130,7 +132,7 @@ def _cluster(msg: graph_pb2.ClusterHints, add: Add) -> model.ClusterHints:
     for i, h in enumerate(msg.worker_groups):
         loc = where(field=f"cluster.worker_groups[{i}]")
         if h.name:
-            if not _DNS1035_LABEL.match(h.name) or len(h.name) > 20:
+            if not _DNS1035_LABEL.fullmatch(h.name) or len(h.name) > 20:
                 add(Problem(loc, f"name {h.name!r} must be a DNS-1035 label of at most 20 characters"))
             if h.name in seen:
                 add(Problem(loc, f"duplicate worker group name {h.name!r}"))
@@ -162,7 +164,7 @@ def _application(msg: graph_pb2.Application, problems: list[Problem]) -> model.A
     app = msg.name
     add = problems.append
     before = len(problems)
-    if not _APP_NAME.match(app):
+    if not _APP_NAME.fullmatch(app):
         add(
             Problem(
                 where(app=app, field="name"),
@@ -170,7 +172,7 @@ def _application(msg: graph_pb2.Application, problems: list[Problem]) -> model.A
             )
         )
     prefix = msg.route_prefix
-    if not prefix.startswith("/") or not _ROUTE_PREFIX.match(prefix):
+    if not prefix.startswith("/") or not _ROUTE_PREFIX.fullmatch(prefix):
         add(
             Problem(
                 where(app=app, field="route_prefix"),
@@ -284,7 +286,7 @@ def _runtime_env(app: str, msg: graph_pb2.RuntimeEnv, add: Add) -> model.Runtime
         if not spec.strip():
             add(Problem(where(app=app, field=f"runtime_env.pip[{i}]"), "empty requirement"))
     for name in msg.env_vars:
-        if not _ENV_VAR.match(name):
+        if not _ENV_VAR.fullmatch(name):
             add(
                 Problem(
                     where(app=app, field=f"runtime_env.env_vars[{name!r}]"),
@@ -294,7 +296,7 @@ def _runtime_env(app: str, msg: graph_pb2.RuntimeEnv, add: Add) -> model.Runtime
     uris = [("working_dir", msg.working_dir)] if msg.working_dir else []
     uris += [(f"py_modules[{i}]", u) for i, u in enumerate(msg.py_modules)]
     for field, uri in uris:
-        if not _REMOTE_URI.match(uri):
+        if not _REMOTE_URI.fullmatch(uri):
             add(
                 Problem(
                     where(app=app, field=f"runtime_env.{field}"),
@@ -316,7 +318,7 @@ def _node(app: str, node_id: str, msg: graph_pb2.Node, problems: list[Problem]) 
     def bad(field: str | None, message: str) -> None:
         add(Problem(where(app=app, node=node_id, field=field), message))
 
-    if not _NODE_ID.match(node_id):
+    if not _NODE_ID.fullmatch(node_id):
         bad(
             None,
             "id is not a deployment name Ray accepts here: 1-63 letters, digits, '-', '_' or '.' (no '#'), starting and ending with a letter or digit",
@@ -363,7 +365,7 @@ def _kind(msg: graph_pb2.Node, bad: Bad) -> model.NodeKind | None:
         return None
     if which == "deployment":
         d = msg.deployment
-        if not _IMPORT_PATH.match(d.import_path):
+        if not _IMPORT_PATH.fullmatch(d.import_path):
             bad(
                 "deployment.import_path",
                 f"{d.import_path!r} is not of the form 'module.path:attribute'",
