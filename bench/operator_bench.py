@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import random
+import ssl
 import statistics
 import subprocess
 import sys
@@ -26,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import ssl
-
 from kubernetes_asyncio import client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +41,7 @@ from servegraph.testenv.clients import api_client  # noqa: E402
 from servegraph.testenv.processes import free_port, http_probe  # noqa: E402
 from servegraph.v1 import graph_pb2  # noqa: E402
 
-TOKEN = "bench-token"  # noqa: S105 - a throwaway credential
+TOKEN = "bench-token"
 USER = "servegraph-operator"
 
 
@@ -85,7 +84,12 @@ async def wait_applied(api: Any, namespace: str, count: int, within: float) -> f
     w = watch.Watch()
     async with asyncio.timeout(within):
         async for event in w.stream(
-            custom.list_namespaced_custom_object, "servegraph.io", "v1alpha1", namespace, "servegraphs", timeout_seconds=int(within)
+            custom.list_namespaced_custom_object,
+            "servegraph.io",
+            "v1alpha1",
+            namespace,
+            "servegraphs",
+            timeout_seconds=int(within),
         ):
             obj = event["object"]
             conditions = (obj.get("status") or {}).get("conditions") or []
@@ -106,7 +110,9 @@ async def create_servegraphs(api: Any, namespace: str, url: str, names: list[str
             "apiVersion": "servegraph.io/v1alpha1",
             "kind": "ServeGraph",
             "metadata": {"name": name},
-            "spec": {"source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}},
+            "spec": {
+                "source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}
+            },
         }
         async with sem:
             await custom.create_namespaced_custom_object("servegraph.io", "v1alpha1", namespace, "servegraphs", body)
@@ -144,7 +150,10 @@ async def secrets(api: Any, namespace: str, ca_pem: str) -> None:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     binaries = find_binaries()
     results: dict[str, Any] = {"counts": {}}
-    with ControlPlane(binaries, crds=[binaries.kuberay_crds, ROOT / "config" / "crd"], audit=True) as cp, tempfile.TemporaryDirectory() as tmp:
+    with (
+        ControlPlane(binaries, crds=[binaries.kuberay_crds, ROOT / "config" / "crd"], audit=True) as cp,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         pki = write_pki(Path(tmp))
         server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         server_ssl.load_cert_chain(pki.serving_cert, pki.serving_key)
@@ -154,7 +163,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         cp.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "role.yaml"))
         cp.kubectl("create", "clusterrolebinding", "bench", "--clusterrole=servegraph-operator", f"--user={USER}")
         port = free_port()
-        argv = [sys.executable, "-m", "servegraph.cli", "run", "--health-address", f"127.0.0.1:{port}", "--workers", str(args.workers)]
+        argv = [
+            sys.executable,
+            "-m",
+            "servegraph.cli",
+            "run",
+            "--health-address",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(args.workers),
+        ]
         op = cp.spawn("servegraph-operator", argv, identity=USER)
         op.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
         await asyncio.sleep(2)
@@ -196,7 +214,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             custom = client.CustomObjectsApi(api)
             latencies = []
             for i in range(args.changes):
-                name = f"sg-{random.randrange(max(args.counts)):05d}"  # noqa: S311 - sampling
+                name = f"sg-{random.randrange(max(args.counts)):05d}"
                 image = f"example.com/ray:{i}"
                 start = time.monotonic()
                 await custom.patch_namespaced_custom_object(
@@ -205,7 +223,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )  # fmt: skip
                 while True:
                     rs = await custom.get_namespaced_custom_object("ray.io", "v1", big, "rayservices", name)
-                    if rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == image:
+                    if (
+                        rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+                        == image
+                    ):
                         break
                     await asyncio.sleep(0.01)
                 latencies.append(time.monotonic() - start)
@@ -226,7 +247,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             results["steady_requests_by_verb"] = verbs
             results["rss_after_mib"] = rss_mib(op.pid)
             async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
-                results["metrics_sample"] = [line for line in (await r.text()).splitlines() if line.startswith("servegraph_api_writes_total")]
+                results["metrics_sample"] = [
+                    line for line in (await r.text()).splitlines() if line.startswith("servegraph_api_writes_total")
+                ]
         await registry.stop()
         cp.unspawn(op)
     return results
@@ -241,7 +264,9 @@ def main() -> int:
     args = parser.parse_args()
     args.counts = [int(c) for c in args.counts.split(",")]
     results = asyncio.run(main_async(args))
-    results["machine"] = f"{platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores"
+    results["machine"] = (
+        f"{platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores"
+    )
     results["python"] = platform.python_version()
     print(json.dumps(results, indent=2))
     return 0
