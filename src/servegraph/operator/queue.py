@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+JITTER = (0.8, 1.2)
 
 
 class WorkQueue(Generic[K]):
@@ -53,9 +54,14 @@ class WorkQueue(Generic[K]):
         """Requeue after a failure with exponential backoff and jitter; returns the delay."""
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
-        delay: float = min(self._max, self._base * 2**n) * random.uniform(0.8, 1.2)  # noqa: S311 - jitter
+        delay: float = min(self._max, self._base * 2**n) * random.uniform(*JITTER)  # noqa: S311 - jitter
         self.add_after(key, delay)
         return delay
+
+    @property
+    def min_retry_delay_s(self) -> float:
+        """The earliest a retry can come: the first one, at its lowest jitter."""
+        return min(self._max, self._base) * JITTER[0]
 
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)

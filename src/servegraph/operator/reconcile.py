@@ -42,7 +42,6 @@ log = logging.getLogger("servegraph.operator")
 
 Key = tuple[str, str]
 MAX_PROBLEMS_SHOWN = 20
-RETRY_FETCH_MIN_S = 1.0
 
 
 class RetryLater(Exception):
@@ -134,12 +133,18 @@ class Reconciler:
         if not users:
             self._secrets.pop((namespace, name), None)
             return
+        known = self._secrets.get((namespace, name))
         if deleted:
             self._secrets.pop((namespace, name), None)
         else:
             self._secrets[(namespace, name)] = dict(data or {})
+            if known == self._secrets[(namespace, name)]:
+                return  # seen again, not changed: a re-list after a reconnect
         for key in users:
-            self.observed.setdefault(key, Observed()).force_fetch = True
+            obs = self.observed.setdefault(key, Observed())
+            if known is None and not deleted and not obs.retry_fetch_at:
+                continue  # first sight (the start-up list): a download under way or to come reads it
+            obs.force_fetch = True
             self.queue.add(key)
 
     async def _secret(self, namespace: str, name: str, key: str) -> str:
@@ -277,9 +282,10 @@ class Reconciler:
         except (KubeError, FetchError) as exc:
             reason = exc.reason if isinstance(exc, FetchError) else f"Secret{exc.reason}"
             out.fetched = Condition("Fetched", False, reason, str(exc))
-            # Retried on the queue's backoff; events arriving meanwhile do not fetch. Counted
-            # from the failure, not the start: a download with retries outlasts the minimum.
-            obs.retry_fetch_at = time.monotonic() + RETRY_FETCH_MIN_S
+            # Retried on the queue's backoff; events arriving before its earliest retry do
+            # not fetch. Counted from the failure (a download with retries outlasts that),
+            # and never past the retry: a retry that skipped the fetch would be the last.
+            obs.retry_fetch_at = time.monotonic() + self.queue.min_retry_delay_s
             out.retry = True
             return
         obs.retry_fetch_at = 0.0

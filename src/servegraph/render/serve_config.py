@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import yaml
@@ -65,11 +66,15 @@ def config_yaml(config: Mapping[str, Any]) -> str:
     deployment's options and other deep values are one JSON line, which is a
     YAML flow collection. A change to one node is then a one-line diff in
     GitOps review, and emitting it is ~30x faster than PyYAML's representer
-    (10,000 nodes: ~0.07 s instead of ~2 s) because each line is `json.dumps`.
+    (10,000 nodes: ~0.1 s instead of ~2 s) because each line is one C JSON encode.
     """
     lines: list[str] = []
     _emit(config, 0, "", lines)
     return "\n".join(lines) + "\n"
+
+
+def _escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
 
 
 _FLOW_DEPTH = 4
@@ -81,7 +86,19 @@ _YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 
 
 # JSON writes 1e+16 where YAML 1.1 readers (PyYAML) need a dot to see a float.
-_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+# One C encoder for every line: json.dumps builds a new one per call, which is a
+# third of the emitting time at 20,000 lines.
+if c_make_encoder is not None:
+    _C_ENCODE = c_make_encoder(None, None, encode_basestring, None, ": ", ", ", False, False, False)
+
+    def _encode(value: Any) -> str:
+        return "".join(_C_ENCODE(value, 0))
+else:  # pragma: no cover - a Python without the _json accelerator
+
+    def _encode(value: Any) -> str:
+        return json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode(value)
+
+
 _EXPONENT_HINT = re.compile(r"\de[-+]?\d")
 _DOTLESS_EXPONENT = re.compile(r'("(?:[^"\\]|\\.)*")|(?<![\w.])(-?\d+)(e[-+]?\d+)')
 
@@ -100,10 +117,13 @@ def _flow(value: Any) -> str:
 
 
 def _json(value: Any) -> str:
-    text = _JSON.encode(value)
+    """JSON of a value, fit to stand in YAML."""
+    text = _encode(value)
     if _EXPONENT_HINT.search(text):
         text = _DOTLESS_EXPONENT.sub(_dotted, text)
-    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    if _YAML_UNSAFE.search(text):
+        text = _YAML_UNSAFE.sub(_escape, text)
+    return text
 
 
 # YAML readers (PyYAML, libyaml, go-yaml) drop or reject a mapping key written
