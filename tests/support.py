@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
+
+from servegraph.testenv import find_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "config" / "samples"
 
 
 def testenv_dir() -> Path:
-    """The directory of real control-plane binaries and KubeRay CRDs.
-
-    `make test` passes it in SERVEGRAPH_TESTENV; otherwise build.sh finds or
-    builds it (instant once cached).
-    """
-    env = os.environ.get("SERVEGRAPH_TESTENV")
-    if env:
-        return Path(env)
-    out = subprocess.run(
-        ["bash", str(ROOT / "hack" / "testenv" / "build.sh")], check=True, capture_output=True, text=True
-    )
-    path = Path(out.stdout.strip().splitlines()[-1])
-    os.environ["SERVEGRAPH_TESTENV"] = str(path)
-    return path
+    """The directory of real control-plane binaries and KubeRay CRDs (see find_binaries)."""
+    return find_binaries().root
 
 
 REGISTRY_TOKEN = "s3cr3t-t0ken-value"
