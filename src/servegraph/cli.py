@@ -12,8 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from servegraph.graph import Format, GraphError, encode, load_graph
-from servegraph.graph.decode import decode
+from servegraph.graph import Format, GraphError, decode, encode, load_graph
 from servegraph.graph.validate import to_model
 from servegraph.render import RayServiceOptions, render_rayservice, serve_config_yaml
 from servegraph.render.inspect import describe, to_dot

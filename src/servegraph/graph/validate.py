@@ -225,18 +225,14 @@ def _raw_edges(msg: graph_pb2.Node) -> tuple[str, ...]:
             if fd.message_type is None:
                 continue
             if fd.message_type.full_name == "servegraph.v1.NodeRef":
-                refs.extend(v.id for v in (value if _is_repeated(fd) else [value]) if v.id)
+                refs.extend(v.id for v in (value if fd.is_repeated else [value]) if v.id)
             elif fd.message_type.full_name.startswith("servegraph.v1."):
                 items = value.values() if fd.message_type.GetOptions().map_entry else value
-                for v in items if _is_repeated(fd) else [value]:
+                for v in items if fd.is_repeated else [value]:
                     walk(v)
 
     walk(getattr(msg, which))
     return tuple(dict.fromkeys(refs))
-
-
-def _is_repeated(fd: Any) -> bool:
-    return bool(fd.is_repeated)
 
 
 def _order(app: str, ingress: str, edges: dict[str, tuple[str, ...]], add: Any) -> tuple[str, ...] | None:
