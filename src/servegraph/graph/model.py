@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
@@ -110,7 +109,7 @@ class Node:
     graceful_shutdown_timeout_s: float | None = None
     max_replicas_per_node: int | None = None
 
-    @cached_property
+    @property
     def edges(self) -> tuple[str, ...]:
         """Ids of the nodes this node depends on, in declaration order, without repeats."""
         return tuple(dict.fromkeys(_children(self.kind)))

@@ -7,7 +7,7 @@ check.
 
 from __future__ import annotations
 
-import graphlib
+import functools
 import math
 import re
 from collections import deque
@@ -16,6 +16,7 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
+from servegraph.collector import collector_paused
 from servegraph.graph import model
 from servegraph.graph.errors import GraphError, Problem, where
 from servegraph.v1 import graph_pb2
@@ -45,6 +46,7 @@ Add = Callable[[Problem], None]
 Bad = Callable[[str | None, str], None]
 
 
+@collector_paused
 def to_model(msg: graph_pb2.Graph, *, max_nodes: int = MAX_NODES) -> model.Graph:
     """Validate a decoded graph; raise GraphError listing every problem found."""
     problems: list[Problem] = []
@@ -190,15 +192,16 @@ def _application(msg: graph_pb2.Application, problems: list[Problem]) -> model.A
 
     runtime_env = _runtime_env(app, msg.runtime_env, add)
     nodes: dict[str, model.Node] = {}
-    for node_id in sorted(msg.nodes):
-        node = _node(app, node_id, msg.nodes[node_id], problems)
+    edges: dict[str, tuple[str, ...]] = {}
+    node_msgs = msg.nodes
+    for node_id in sorted(node_msgs):
+        node_msg = node_msgs[node_id]
+        node = _node(app, node_id, node_msg, problems)
         if node is not None:
             nodes[node_id] = node
-
-    edges = {
-        node_id: nodes[node_id].edges if node_id in nodes else _raw_edges(msg.nodes[node_id])
-        for node_id in sorted(msg.nodes)
-    }
+            edges[node_id] = node.edges
+        else:
+            edges[node_id] = _raw_edges(node_msg)
     order = _order(app, msg.ingress, edges, add)
     if len(problems) > before or order is None:
         return None
@@ -236,8 +239,10 @@ def _raw_edges(msg: graph_pb2.Node) -> tuple[str, ...]:
 
 
 def _order(app: str, ingress: str, edges: dict[str, tuple[str, ...]], add: Any) -> tuple[str, ...] | None:
-    """Topological order (dependencies first) after checking refs, cycles and reachability."""
+    """Topological order (dependencies first, each layer sorted by id) after checking
+    refs, cycles and reachability."""
     ok = True
+    dependents: dict[str, list[str]] = {node_id: [] for node_id in edges}
     for node_id, children in edges.items():
         for child in children:
             if child == node_id:
@@ -246,22 +251,25 @@ def _order(app: str, ingress: str, edges: dict[str, tuple[str, ...]], add: Any) 
             elif child not in edges:
                 add(Problem(where(app=app, node=node_id), f'unknown node reference "{child}"'))
                 ok = False
+            else:
+                dependents[child].append(node_id)
     if not ok:
         return None
-    sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
-    for node_id, children in edges.items():
-        sorter.add(node_id, *children)
-    try:
-        sorter.prepare()
-    except graphlib.CycleError as exc:
-        cycle = exc.args[1]
-        add(Problem(where(app=app), "cycle between nodes " + " → ".join(f'"{n}"' for n in cycle)))
-        return None
+    waiting = {node_id: len(children) for node_id, children in edges.items()}
+    layer = sorted(node_id for node_id, n in waiting.items() if n == 0)
     order: list[str] = []
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready())
-        order.extend(ready)
-        sorter.done(*ready)
+    while layer:
+        order.extend(layer)
+        ready = []
+        for done in layer:
+            for parent in dependents[done]:
+                waiting[parent] -= 1
+                if not waiting[parent]:
+                    ready.append(parent)
+        layer = sorted(ready)
+    if len(order) < len(edges):
+        add(Problem(where(app=app), "cycle between nodes " + " → ".join(f'"{n}"' for n in _cycle(edges, waiting))))
+        return None
     if ingress in edges:
         reachable = {ingress}
         queue = deque([ingress])
@@ -275,6 +283,22 @@ def _order(app: str, ingress: str, edges: dict[str, tuple[str, ...]], add: Any) 
                 add(Problem(where(app=app, node=node_id), f'unreachable from the ingress "{ingress}"'))
                 ok = False
     return tuple(order) if ok else None
+
+
+def _cycle(edges: dict[str, tuple[str, ...]], waiting: dict[str, int]) -> list[str]:
+    """One cycle among the nodes Kahn's algorithm could not order, closed on its first node.
+
+    Each such node still waits on a child that is itself unordered, so walking from
+    one to such a child must come back to a node already seen."""
+    stuck = {node_id for node_id, n in waiting.items() if n}
+    path = [min(stuck)]
+    seen = {path[0]: 0}
+    while True:
+        nxt = next(c for c in edges[path[-1]] if c in stuck)
+        if nxt in seen:
+            return [*path[seen[nxt] :], nxt]
+        seen[nxt] = len(path)
+        path.append(nxt)
 
 
 def _runtime_env(app: str, msg: graph_pb2.RuntimeEnv, add: Add) -> model.RuntimeEnv:
@@ -322,19 +346,28 @@ def _node(app: str, node_id: str, msg: graph_pb2.Node, problems: list[Problem]) 
     kind = _kind(msg, bad)
     resources = _resources(msg.resources, bad)
     num_replicas, autoscaling = _scaling(msg.scaling, bad)
-    for field in (
-        "health_check_period_s",
-        "health_check_timeout_s",
-        "graceful_shutdown_wait_loop_s",
-        "graceful_shutdown_timeout_s",
+    # Read each timing once: every field access on a protobuf message builds a new object.
+    timings = (
+        msg.health_check_period_s,
+        msg.health_check_timeout_s,
+        msg.graceful_shutdown_wait_loop_s,
+        msg.graceful_shutdown_timeout_s,
+    )
+    period, timeout, wait_loop, shutdown = timings
+    if not (  # False for NaN too
+        0 <= period < math.inf and 0 <= timeout < math.inf and 0 <= wait_loop < math.inf and 0 <= shutdown < math.inf
     ):
-        if not _finite_non_negative(getattr(msg, field)):
-            bad(field, "must be a finite number ≥ 0")
+        for name, value in zip(_TIMINGS, timings, strict=True):
+            if not 0 <= value < math.inf:
+                bad(name, "must be a finite number ≥ 0")
     if msg.max_queued_requests < -1:
         bad("max_queued_requests", "must be -1 (no limit), 0 (default) or positive")
-    user_config = _struct(msg.user_config) if msg.HasField("user_config") else None
-    if user_config is not None and not _all_finite(user_config):
-        bad("user_config", "NaN or infinite numbers cannot be sent as JSON")
+    user_config = None
+    if msg.HasField("user_config"):
+        try:
+            user_config = _struct(msg.user_config)
+        except _NotFinite:
+            bad("user_config", _NOT_FINITE)
     if len(problems) > before or kind is None:
         return None
     return model.Node(
@@ -346,12 +379,20 @@ def _node(app: str, node_id: str, msg: graph_pb2.Node, problems: list[Problem]) 
         max_ongoing_requests=msg.max_ongoing_requests or None,
         max_queued_requests=msg.max_queued_requests or None,
         user_config=user_config,
-        health_check_period_s=msg.health_check_period_s or None,
-        health_check_timeout_s=msg.health_check_timeout_s or None,
-        graceful_shutdown_wait_loop_s=msg.graceful_shutdown_wait_loop_s or None,
-        graceful_shutdown_timeout_s=msg.graceful_shutdown_timeout_s or None,
+        health_check_period_s=period or None,
+        health_check_timeout_s=timeout or None,
+        graceful_shutdown_wait_loop_s=wait_loop or None,
+        graceful_shutdown_timeout_s=shutdown or None,
         max_replicas_per_node=msg.max_replicas_per_node or None,
     )
+
+
+_TIMINGS = (
+    "health_check_period_s",
+    "health_check_timeout_s",
+    "graceful_shutdown_wait_loop_s",
+    "graceful_shutdown_timeout_s",
+)
 
 
 def _kind(msg: graph_pb2.Node, bad: Bad) -> model.NodeKind | None:
@@ -366,11 +407,21 @@ def _kind(msg: graph_pb2.Node, bad: Bad) -> model.NodeKind | None:
                 "deployment.import_path",
                 f"{d.import_path!r} is not of the form 'module.path:attribute'",
             )
-        args = tuple(_argument(a, f"deployment.args[{i}]", bad) for i, a in enumerate(d.args))
-        kwargs = tuple((k, _argument(d.kwargs[k], f"deployment.kwargs[{k!r}]", bad)) for k in sorted(d.kwargs))
-        for k, _ in kwargs:
-            if not k.isidentifier():
-                bad(f"deployment.kwargs[{k!r}]", "not a Python identifier")
+        args: tuple[model.Argument, ...] = ()
+        if d.args:
+            refs_or_args = []
+            for i, a in enumerate(d.args):
+                # The common case, a node reference, without a call per argument.
+                ref = a.node.id if a.WhichOneof("kind") == "node" else ""
+                refs_or_args.append(_shared_ref(ref) if ref else _argument(a, "deployment.args", i, bad))
+            args = tuple(refs_or_args)
+        kwargs: tuple[tuple[str, model.Argument], ...] = ()
+        if d.kwargs:
+            given = d.kwargs
+            kwargs = tuple([(k, _argument(given[k], "deployment.kwargs", k, bad)) for k in sorted(given)])
+            for k, _ in kwargs:
+                if not k.isidentifier():
+                    bad(f"deployment.kwargs[{k!r}]", "not a Python identifier")
         return model.DeploymentKind(import_path=d.import_path, args=args, kwargs=kwargs)
     if which == "sequence":
         steps = _refs(msg.sequence.steps, "sequence.steps", bad)
@@ -434,46 +485,53 @@ def _refs(refs: Any, field: str, bad: Bad) -> tuple[str, ...]:
     return tuple(_ref(r, f"{field}[{i}]", bad) for i, r in enumerate(refs))
 
 
-def _argument(arg: graph_pb2.Argument, field: str, bad: Bad) -> model.Argument:
+def _argument(arg: graph_pb2.Argument, prefix: str, key: int | str, bad: Bad) -> model.Argument:
+    """One constructor argument; the field path is only formatted for a problem."""
     which = arg.WhichOneof("kind")
     if which == "node":
-        return model.Ref(_ref(arg.node, f"{field}.node", bad))
+        node = arg.node.id
+        if not node:
+            bad(f"{prefix}[{key!r}].node", "empty node reference")
+        return _shared_ref(node)
     if which is None:
-        bad(field, "neither a value nor a node reference")
+        bad(f"{prefix}[{key!r}]", "neither a value nor a node reference")
         return model.Literal(None)
-    value = _value(arg.value)
-    if isinstance(value, float | list | dict) and not _all_finite(value):
-        bad(field, "NaN or infinite numbers cannot be sent as JSON")
-    return model.Literal(value)
+    try:
+        return model.Literal(_value(arg.value))
+    except _NotFinite:
+        bad(f"{prefix}[{key!r}]", _NOT_FINITE)
+        return model.Literal(None)
 
 
 def _resources(msg: graph_pb2.Resources, bad: Bad) -> model.Resources:
-    for field in ("num_cpus", "num_gpus"):
-        if not _finite_non_negative(getattr(msg, field)):
-            bad(f"resources.{field}", f"must be a finite number ≥ 0, got {getattr(msg, field)}")
-    if msg.num_gpus > 1 and not float(msg.num_gpus).is_integer():
-        bad("resources.num_gpus", f"{msg.num_gpus} GPUs: Ray accepts fractions only up to 1")
-    if msg.accelerator_type and msg.num_gpus <= 0:
+    cpus, gpus, accelerator = msg.num_cpus, msg.num_gpus, msg.accelerator_type
+    for name, amount in (("num_cpus", cpus), ("num_gpus", gpus)):
+        if not 0 <= amount < math.inf:
+            bad(f"resources.{name}", f"must be a finite number ≥ 0, got {amount}")
+    if gpus > 1 and not float(gpus).is_integer():
+        bad("resources.num_gpus", f"{gpus} GPUs: Ray accepts fractions only up to 1")
+    if accelerator and gpus <= 0:
         bad(
             "resources.accelerator_type",
-            f"{msg.accelerator_type!r} is meaningless without resources.num_gpus > 0",
+            f"{accelerator!r} is meaningless without resources.num_gpus > 0",
         )
-    for name in sorted(msg.custom):
-        value = msg.custom[name]
+    custom = tuple([(k, msg.custom[k]) for k in sorted(msg.custom)]) if msg.custom else ()
+    for name, value in custom:
         if name in _RESERVED_RESOURCES or not name:
             bad(
                 f"resources.custom[{name!r}]",
                 "use num_cpus, num_gpus or memory_bytes, not a custom resource",
             )
-        elif not _finite_non_negative(value) or value == 0:
+        elif not 0 < value < math.inf:
             bad(f"resources.custom[{name!r}]", f"must be a finite number > 0, got {value}")
-    return model.Resources(
-        num_cpus=msg.num_cpus if msg.num_cpus else None,
-        num_gpus=msg.num_gpus,
-        memory_bytes=msg.memory_bytes,
-        custom=tuple(sorted(msg.custom.items())),
-        accelerator_type=msg.accelerator_type or None,
-    )
+    return _shared_resources(cpus if cpus else None, gpus, msg.memory_bytes, custom, accelerator or None)
+
+
+# Most nodes of a graph ask for one of a few resource shapes and scaling policies:
+# sharing the (immutable) objects saves building and keeping one per node.
+_shared_resources = functools.lru_cache(maxsize=1024, typed=True)(model.Resources)
+_shared_ref = functools.lru_cache(maxsize=1 << 14)(model.Ref)
+_shared_autoscaling = functools.lru_cache(maxsize=1024, typed=True)(model.Autoscaling)
 
 
 def _scaling(msg: graph_pb2.Scaling, bad: Bad) -> tuple[int | None, model.Autoscaling | None]:
@@ -501,28 +559,25 @@ def _scaling(msg: graph_pb2.Scaling, bad: Bad) -> tuple[int | None, model.Autosc
     for field in ("target_ongoing_requests", "upscale_delay_s", "downscale_delay_s"):
         if not _finite_non_negative(getattr(a, field)):
             bad(f"scaling.autoscaling.{field}", "must be a finite number ≥ 0")
-    return None, model.Autoscaling(
-        min_replicas=a.min_replicas,
-        max_replicas=a.max_replicas,
-        initial_replicas=a.initial_replicas or None,
-        target_ongoing_requests=a.target_ongoing_requests or None,
-        upscale_delay_s=a.upscale_delay_s or None,
-        downscale_delay_s=a.downscale_delay_s or None,
+    return None, _shared_autoscaling(
+        a.min_replicas,
+        a.max_replicas,
+        a.initial_replicas or None,
+        a.target_ongoing_requests or None,
+        a.upscale_delay_s or None,
+        a.downscale_delay_s or None,
     )
-
-
-def _all_finite(value: model.JSON) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(_all_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return all(_all_finite(v) for v in value)
-    return True
 
 
 def _finite_non_negative(x: float) -> bool:
     return 0 <= x < math.inf  # False for NaN too
+
+
+class _NotFinite(ValueError):
+    """A NaN or infinity in a protobuf Value, which JSON (and so Serve's config) cannot carry."""
+
+
+_NOT_FINITE = "NaN or infinite numbers cannot be sent as JSON"
 
 
 def _value(v: struct_pb2.Value) -> model.JSON:
@@ -530,7 +585,11 @@ def _value(v: struct_pb2.Value) -> model.JSON:
     which = v.WhichOneof("kind")
     if which == "number_value":
         n = v.number_value
-        return int(n) if n.is_integer() and abs(n) < _MAX_SAFE_INT else n
+        if n.is_integer():
+            return int(n) if abs(n) < _MAX_SAFE_INT else n
+        if not -math.inf < n < math.inf:  # NaN and ±inf
+            raise _NotFinite
+        return n
     if which == "string_value":
         return v.string_value
     if which == "bool_value":
@@ -542,5 +601,8 @@ def _value(v: struct_pb2.Value) -> model.JSON:
     return None
 
 
+# (Below and above: protobuf maps' `.items()` is a Python-level view over the map;
+# iterating the keys and indexing is a third faster.)
 def _struct(s: struct_pb2.Struct) -> dict[str, model.JSON]:
-    return {k: _value(s.fields[k]) for k in sorted(s.fields)}
+    fields = s.fields
+    return {k: _value(fields[k]) for k in sorted(fields)}

@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from servegraph import __version__
+from servegraph.collector import collector_paused
 from servegraph.graph import model
 from servegraph.render.serve_config import SERVE_HTTP_PORT, serve_config_yaml
 from servegraph.render.workers import GiB, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
@@ -73,6 +76,7 @@ def rayservice_name(name: str) -> str:
     return f"{slug[: MAX_NAME - 9].rstrip('-')}-{digest}"
 
 
+@collector_paused
 def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[str, Any]:
     """The RayService manifest, with a spec-hash annotation over everything we own."""
     name = rayservice_name(options.name)
@@ -113,8 +117,8 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
 
 def spec_hash(labels: Mapping[str, str], spec: Mapping[str, Any]) -> str:
     """sha256 over what servegraph owns; equal hashes mean there is nothing to write."""
-    canonical = json.dumps({"labels": labels, "spec": spec}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    canonical = orjson.dumps({"labels": labels, "spec": spec}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def _quantity(n_bytes: int) -> str:

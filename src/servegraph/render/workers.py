@@ -47,11 +47,18 @@ class _Demand:
 def plan_worker_groups(graph: model.Graph) -> tuple[WorkerGroupPlan, ...]:
     """One plan per group that hosts at least one node, in a stable order."""
     groups: dict[str, _Demand] = {}
+    # Nodes with the same hardware class land in the same group: look it up once per class.
+    by_class: dict[tuple[bool, str | None], _Demand] = {}
     for app in graph.applications:
         for node in app.ordered_nodes():
-            hint = _hint_for(graph.cluster.worker_groups, node.resources)
-            name = hint.name or _default_name(hint)
-            groups.setdefault(name, _Demand(hint, [])).nodes.append((app.name, node))
+            r = node.resources
+            key = (r.num_gpus > 0, r.accelerator_type)
+            demand = by_class.get(key)
+            if demand is None:
+                hint = _hint_for(graph.cluster.worker_groups, r)
+                name = hint.name or _default_name(hint)
+                demand = by_class[key] = groups.setdefault(name, _Demand(hint, []))
+            demand.nodes.append((app.name, node))
     plans = []
     problems: list[Problem] = []
     for name in sorted(groups):
@@ -103,6 +110,8 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
             mem = max(mem, math.ceil(r.memory_bytes / GiB) * GiB)
         for res, amount in r.custom:
             custom[res] = max(custom.get(res, 0.0), float(math.ceil(amount)))
+        if r.cpus <= cpus and r.num_gpus <= gpus and r.memory_bytes <= mem:
+            continue
         too_big = [
             f"{what} {need:g} > {have:g}"
             for what, need, have in (
@@ -112,46 +121,25 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
             )
             if need > have
         ]
-        if too_big:
-            problems.append(
-                Problem(
-                    where(app=app, node=node.id, field="resources"),
-                    f'one replica does not fit a worker of group "{name}": {", ".join(too_big)}',
-                )
+        problems.append(
+            Problem(
+                where(app=app, node=node.id, field="resources"),
+                f'one replica does not fit a worker of group "{name}": {", ".join(too_big)}',
             )
-            ok = False
+        )
+        ok = False
     if not ok:
         return None
 
-    def workers(pick: int) -> int | None:
-        cpu = gpu = memory = 0.0
-        need = 0
-        extra: dict[str, float] = {}
-        for _, node in demand.nodes:
-            replicas = node.replica_range[pick]
-            r = node.resources
-            cpu += replicas * r.cpus
-            gpu += replicas * r.num_gpus
-            memory += replicas * r.memory_bytes
-            for res, amount in r.custom:
-                extra[res] = extra.get(res, 0.0) + replicas * amount
-            if node.max_replicas_per_node and replicas:
-                need = max(need, math.ceil(replicas / node.max_replicas_per_node))
-        ratios = [cpu / cpus if cpus else 0.0, gpu / gpus if gpus else 0.0, memory / mem]
-        ratios += [extra[res] / custom[res] for res in extra]
-        worst = max(ratios)
-        if not math.isfinite(worst):  # replicas x resources overflowed a float
-            return None
-        return max(need, math.ceil(worst - 1e-9))
-
-    lo, initial, hi = workers(0), workers(1), workers(2)
-    if lo is None or initial is None or hi is None:
+    counts = _workers(demand.nodes, cpus, gpus, mem, custom)
+    if counts is None:
         problems.append(
             Problem(
                 "", f'worker group "{name}": the replicas x resources of its nodes are too large to count workers for'
             )
         )
         return None
+    lo, initial, hi = counts
     if hint.max_workers is not None:
         lo, initial, hi = (min(v, hint.max_workers) for v in (lo, initial, hi))
     return WorkerGroupPlan(
@@ -167,3 +155,37 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
         accelerator_type=hint.accelerator_type,
         node_selector=hint.node_selector,
     )
+
+
+def _workers(
+    nodes: list[tuple[str, model.Node]], cpus: float, gpus: int, mem: int, custom: dict[str, float]
+) -> tuple[int, int, int] | None:
+    """Workers needed at the group's (minimum, initial, maximum) scale, in one pass over its nodes.
+
+    None when replicas x resources overflow a float.
+    """
+    total = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]  # per scale: cpu, gpu, memory
+    extra: list[dict[str, float]] = [{}, {}, {}]
+    spread = [0, 0, 0]  # workers forced by max_replicas_per_node
+    for _, node in nodes:
+        r = node.resources
+        cpu, gpu, memory = r.cpus, r.num_gpus, r.memory_bytes
+        for scale, replicas in enumerate(node.replica_range):
+            t = total[scale]
+            t[0] += replicas * cpu
+            t[1] += replicas * gpu
+            t[2] += replicas * memory
+            for res, amount in r.custom:
+                extra[scale][res] = extra[scale].get(res, 0.0) + replicas * amount
+            if node.max_replicas_per_node and replicas:
+                spread[scale] = max(spread[scale], math.ceil(replicas / node.max_replicas_per_node))
+    out = []
+    for scale in range(3):
+        cpu_sum, gpu_sum, memory_sum = total[scale]
+        ratios = [cpu_sum / cpus if cpus else 0.0, gpu_sum / gpus if gpus else 0.0, memory_sum / mem]
+        ratios += [amount / custom[res] for res, amount in extra[scale].items()]
+        worst = max(ratios)
+        if not math.isfinite(worst):
+            return None
+        out.append(max(spread[scale], math.ceil(worst - 1e-9)))
+    return out[0], out[1], out[2]
