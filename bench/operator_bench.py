@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import json
 import os
 import platform
@@ -139,6 +140,54 @@ async def raw_apply(api: Any, namespace: str, names: list[str], data: bytes, con
     return time.monotonic() - start
 
 
+async def raw_operator_writes(
+    api: Any, namespace: str, names: list[str], url: str, data: bytes, status: dict[str, Any], concurrency: int
+) -> float:
+    """The floor for the operator's path: its writes with no operator in between.
+
+    Per ServeGraph: create it, server-side apply its RayService (owned by it), patch its
+    status with what the operator wrote in the measured run, post one Event. The time
+    this takes is the best the operator could do on this API server.
+    """
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    graph = parse_graph(data)
+    sem = asyncio.Semaphore(concurrency)
+    spec = {"source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}}
+
+    async def one(name: str) -> None:
+        async with sem:
+            sg = await custom.create_namespaced_custom_object(
+                "servegraph.io", "v1alpha1", namespace, "servegraphs",
+                {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "metadata": {"name": name}, "spec": spec},
+            )  # fmt: skip
+            meta = sg["metadata"]
+            owner = {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "name": name, "uid": meta["uid"],
+                     "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+            m = render_rayservice(graph, RayServiceOptions(name=name, namespace=namespace, owner_references=(owner,)))
+            await custom.patch_namespaced_custom_object(
+                "ray.io", "v1", namespace, "rayservices", name, m,
+                field_manager="bench", force=True, _content_type="application/apply-patch+yaml",
+            )  # fmt: skip
+            await custom.patch_namespaced_custom_object_status(
+                "servegraph.io", "v1alpha1", namespace, "servegraphs", name, {"status": status},
+                _content_type="application/merge-patch+json",
+            )  # fmt: skip
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            await core.create_namespaced_event(namespace, {
+                "metadata": {"generateName": f"{name}."},
+                "involvedObject": {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "name": name,
+                                   "namespace": namespace, "uid": meta["uid"]},
+                "type": "Normal", "reason": "Applied", "message": f"applied RayService {name}",
+                "source": {"component": "bench"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                "reportingComponent": "bench", "reportingInstance": "bench",
+            })  # fmt: skip
+
+    start = time.monotonic()
+    await asyncio.gather(*(one(n) for n in names))
+    return time.monotonic() - start
+
+
 async def secrets(api: Any, namespace: str, ca_pem: str) -> None:
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": namespace}})
@@ -172,6 +221,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"127.0.0.1:{port}",
             "--workers",
             str(args.workers),
+            # Only the measured namespaces: the floor loop's ServeGraphs must not be reconciled.
+            *(f"--namespace=bench-{count}" for count in args.counts),
         ]
         op = cp.spawn("servegraph-operator", argv, identity=USER)
         op.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
@@ -195,6 +246,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 raw_ns = f"raw-{count}"
                 await client.CoreV1Api(api).create_namespace({"metadata": {"name": raw_ns}})
                 raw_s = await raw_apply(api, raw_ns, names, data, args.workers)
+                floor_ns = f"floor-{count}"
+                await secrets(api, floor_ns, ca_pem)
+                one_sg = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+                    "servegraph.io", "v1alpha1", ns, "servegraphs", names[0]
+                )
+                floor_s = await raw_operator_writes(
+                    api, floor_ns, names, registry.url("g"), data, one_sg["status"], args.workers
+                )
                 total += count
                 results["counts"][count] = {
                     "operator_s": operator_s,
@@ -202,6 +261,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     "raw_s": raw_s,
                     "raw_per_s": count / raw_s,
                     "ratio": raw_s / operator_s,
+                    "floor_s": floor_s,
+                    "floor_ratio": raw_s / floor_s,
+                    "operator_vs_floor": floor_s / operator_s,
                     "operator_cpu_s": operator_cpu,
                     "apiserver_etcd_cpu_s": server_cpu,
                 }

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.rest import ApiException
 
@@ -53,7 +54,24 @@ async def connect(kubeconfig: str | None = None) -> client.ApiClient:
         await config.load_kube_config(config_file=path, client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)
-    return client.ApiClient(configuration=cfg)
+    api = client.ApiClient(configuration=cfg)
+    _trust_no_env(api)
+    return api
+
+
+def _trust_no_env(api: client.ApiClient) -> None:
+    """Give the client a session that does not read the environment on every request.
+
+    kubernetes_asyncio opens its aiohttp session with `trust_env=True`, so each
+    request looks up proxy variables and parses ~/.netrc, twice through a thread
+    pool: 8 % of the operator's CPU at 1,000 ServeGraphs. kopf's own client does
+    not trust the environment either; a kubeconfig `proxy-url` still applies, as
+    kubernetes_asyncio passes it with each request.
+    """
+    rest = api.rest_client
+    connector = rest.pool_manager.connector
+    rest.pool_manager.detach()  # closes the old session, keeps its connection pool
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, read_bufsize=2**21)
 
 
 def secret_value(namespace: str, name: str, key: str, data: Mapping[str, str]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from servegraph.operator import runtime
+from servegraph.operator import kopf_settings, runtime
 from servegraph.operator.spec import GRAPH_LABEL, GROUP, PLURAL, VERSION
 
 
@@ -27,10 +27,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def startup(
     settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
 ) -> None:
-    settings.posting.enabled = False  # we post our own Events, on transitions only
-    settings.peering.standalone = True
-    settings.scanning.disabled = True  # resources resolved once at start: no CRD watch, no RBAC for it
-    settings.watching.server_timeout = 600
+    kopf_settings.configure(settings)
     memo.operator = await runtime.start(memo.options)
     logger.info("servegraph operator started")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,10 @@ class Reconciler:
         self.rayservices: dict[tuple[str, str], Live | None] = {}
         self._secret_refs: dict[Key, set[tuple[str, str]]] = {}
         self._secrets: dict[tuple[str, str], dict[str, str]] = {}
+        # Valid graphs by sha256 of their bytes. The model is immutable, so ServeGraphs that
+        # download the same bytes (one graph in many namespaces) share one model and one
+        # parse; it is freed with the last ServeGraph that holds it.
+        self._graphs: weakref.WeakValueDictionary[str, Graph] = weakref.WeakValueDictionary()
         metrics.watch_conditions(self._condition_pairs)
 
     # -- triggers: each only records what changed and queues the key -------------
@@ -303,7 +308,7 @@ class Reconciler:
             return
         out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}")
         try:
-            graph = parse_graph(got.body, max_bytes=source.max_bytes)
+            graph = self._graphs.get(got.digest) or parse_graph(got.body, max_bytes=source.max_bytes)
         except GraphError as exc:
             out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
             obs.etag = None  # revalidate the next download in full
@@ -312,6 +317,7 @@ class Reconciler:
             out.events.append(
                 ("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}")
             )
+        self._graphs[got.digest] = graph
         obs.graph, obs.digest, obs.etag, obs.size = graph, got.digest, got.etag, len(got.body)
         summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
         out.valid = Condition("GraphValid", True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}")
