@@ -102,21 +102,27 @@ async def wait_applied(api: Any, namespace: str, count: int, within: float) -> f
     return time.monotonic() - start
 
 
+def servegraph(name: str, url: str) -> dict[str, Any]:
+    """The bench's ServeGraph: `url`, with the token and CA from the namespace's Secrets."""
+    return {
+        "apiVersion": "servegraph.io/v1alpha1",
+        "kind": "ServeGraph",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}
+        },
+    }
+
+
 async def create_servegraphs(api: Any, namespace: str, url: str, names: list[str], concurrency: int) -> None:
     custom = client.CustomObjectsApi(api)
     sem = asyncio.Semaphore(concurrency)
 
     async def one(name: str) -> None:
-        body = {
-            "apiVersion": "servegraph.io/v1alpha1",
-            "kind": "ServeGraph",
-            "metadata": {"name": name},
-            "spec": {
-                "source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}
-            },
-        }
         async with sem:
-            await custom.create_namespaced_custom_object("servegraph.io", "v1alpha1", namespace, "servegraphs", body)
+            await custom.create_namespaced_custom_object(
+                "servegraph.io", "v1alpha1", namespace, "servegraphs", servegraph(name, url)
+            )
 
     await asyncio.gather(*(one(n) for n in names))
 
@@ -153,14 +159,12 @@ async def raw_operator_writes(
     core = client.CoreV1Api(api)
     graph = parse_graph(data)
     sem = asyncio.Semaphore(concurrency)
-    spec = {"source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}}
 
     async def one(name: str) -> None:
         async with sem:
             sg = await custom.create_namespaced_custom_object(
-                "servegraph.io", "v1alpha1", namespace, "servegraphs",
-                {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "metadata": {"name": name}, "spec": spec},
-            )  # fmt: skip
+                "servegraph.io", "v1alpha1", namespace, "servegraphs", servegraph(name, url)
+            )
             meta = sg["metadata"]
             owner = {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "name": name, "uid": meta["uid"],
                      "controller": True, "blockOwnerDeletion": True}  # fmt: skip

@@ -70,7 +70,7 @@ def config_yaml(config: Mapping[str, Any]) -> str:
     (10,000 nodes: ~0.1 s instead of ~2 s) because each line is one C JSON encode.
     """
     lines: list[str] = []
-    _emit(config, 0, "", lines, _plain_json)
+    _emit(config, 0, "", lines, _encode)
     text = "\n".join(lines) + "\n"
     if _needs_care(text):
         # Rare: some line needs numbers dotted or characters escaped. Checking the
@@ -107,8 +107,8 @@ _EXPONENT_HINT = re.compile(r"\de[-+]?\d")
 _DOTLESS_EXPONENT = re.compile(r'("(?:[^"\\]|\\.)*")|(?<![\w.])(-?\d+)(e[-+]?\d+)')
 
 
-# What `repr(float)` writes for an exponent, found by its literal start (fast) and
-# then checked for the digit before it: `1e+16`, `5e-05`; most "e-" are in names.
+# What orjson writes for an exponent, found by its literal start (fast) and then
+# checked for the digit before it: `1e+16`, `1.5e-7`; most "e-" are in names.
 _EXPONENT_TAIL = re.compile(r"e[-+]\d")
 
 
@@ -133,11 +133,6 @@ def _flow(value: Any, encode: Encoder) -> str:
     if len(text) > _LONG_KEY and _has_long_key(value):
         return _explicit_keys(value)
     return text
-
-
-def _plain_json(value: Any) -> str:
-    """JSON of a value, fit to stand in YAML if it has no exponent and no unsafe character."""
-    return _encode(value)
 
 
 def _json(value: Any) -> str:
