@@ -10,19 +10,28 @@ BUF_DIR := $(HOME)/.cache/servegraph/buf-$(BUF_VERSION)
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 PYTEST_ARGS ?=
 
-.PHONY: venv testenv proto proto-check lint test test-unit demo bench clean
+.PHONY: venv testenv images proto proto-check lint test test-fast test-node test-unit demo demo-check bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev]' -e ./testbed
 	touch $@
 
 venv: $(VENV)/.installed
 
-## testenv: build or find kube-apiserver, etcd, KubeRay, kubectl, helm; last line = their directory
+## testenv: build or find every binary of the test bed (control plane and node); last line = their directory
 testenv:
 	@bash hack/testenv/build.sh
+
+## images: build or find the node tier's images (buildah, cached by input hash); last line = the image set
+images: venv
+	@SERVEGRAPH_TESTENV="$$(bash hack/testenv/build.sh | tail -n 1)" $(PY) -m servegraph_testbed.images | tail -n 1
+
+# What the test and demo targets run first: binaries, then images, exported to pytest/the demo.
+TESTBED = assets=$$(bash hack/testenv/build.sh | tail -n 1) && \
+	  images=$$(SERVEGRAPH_TESTENV="$$assets" $(PY) -m servegraph_testbed.images | tail -n 1) && \
+	  export SERVEGRAPH_TESTENV="$$assets" SERVEGRAPH_IMAGES="$$images"
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix $(BUF_DIR) @bufbuild/buf@$(BUF_VERSION)
@@ -32,23 +41,35 @@ proto: venv
 	$(PY) hack/protogen.py
 
 lint: venv $(BUF)
-	$(VENV)/bin/ruff check src tests bench fuzz
-	$(VENV)/bin/ruff format --check src tests bench fuzz
+	$(VENV)/bin/ruff check src testbed tests bench fuzz
+	$(VENV)/bin/ruff format --check src testbed tests bench fuzz
 	$(VENV)/bin/mypy
 	cd proto && $(BUF) lint
 
-## test: lint, type-check, then the whole suite (unit, integration on the real control plane, e2e on real Ray)
+## test: lint, type-check, then the whole suite: the fast tiers (unit, package, source, integration on the
+## real control plane, e2e on real Ray), then the node tier (a real kubelet, KubeRay and Ray pods).
+## Two pytest runs, so no session fixture of one tier holds the 2 CPUs while the other runs.
 test: venv lint
-	@assets=$$(bash hack/testenv/build.sh | tail -n 1) && \
-	  SERVEGRAPH_TESTENV="$$assets" $(PY) -m pytest $(PYTEST_ARGS)
+	@$(TESTBED) && \
+	  $(PY) -m pytest tests/unit tests/package tests/source tests/integration tests/e2e $(PYTEST_ARGS) && \
+	  $(PY) -m pytest tests/node $(PYTEST_ARGS)
+
+test-fast: venv
+	@$(TESTBED) && $(PY) -m pytest tests/unit tests/package tests/source tests/integration tests/e2e $(PYTEST_ARGS)
+
+test-node: venv
+	@$(TESTBED) && $(PY) -m pytest tests/node $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-## demo: the operator on the embedded control plane with a sample graph registry
+## demo: a published graph answers on a real node under KubeRay, then version 2; Ctrl-C tears down
 demo: venv
-	@assets=$$(bash hack/testenv/build.sh | tail -n 1) && \
-	  SERVEGRAPH_TESTENV="$$assets" $(VENV)/bin/servegraph demo
+	@$(TESTBED) && $(PY) -m servegraph_testbed.demo
+
+## demo-check: the same story without waiting; exits 0 only if every answer was right and nothing was left
+demo-check: venv
+	@$(TESTBED) && $(PY) -m servegraph_testbed.demo --check
 
 ## bench: parse+validate+render (bench/render_bench.py) and the operator on the real control plane
 bench: venv

@@ -34,13 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from servegraph.graph import encode, parse_graph  # noqa: E402
-from servegraph.registry.server import Registry, RegistryServer  # noqa: E402
 from servegraph.render import RayServiceOptions, render_rayservice  # noqa: E402
-from servegraph.testenv import WRITE_VERBS, ControlPlane, find_binaries  # noqa: E402
-from servegraph.testenv.certs import write_pki  # noqa: E402
-from servegraph.testenv.clients import api_client  # noqa: E402
-from servegraph.testenv.processes import free_port, http_probe  # noqa: E402
 from servegraph.v1 import graph_pb2  # noqa: E402
+from servegraph_testbed import WRITE_VERBS, ControlPlane, find_binaries  # noqa: E402
+from servegraph_testbed.certs import write_pki  # noqa: E402
+from servegraph_testbed.clients import api_client  # noqa: E402
+from servegraph_testbed.processes import free_port, http_probe  # noqa: E402
+from servegraph_testbed.registry import Registry, RegistryServer  # noqa: E402
 
 TOKEN = "bench-token"
 USER = "servegraph-operator"
@@ -225,6 +225,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"127.0.0.1:{port}",
             "--workers",
             str(args.workers),
+            # The registry listens on loopback, which the default source policy refuses.
+            "--allowed-source-networks=127.0.0.0/8",
             # Only the measured namespaces: the floor loop's ServeGraphs must not be reconciled.
             *(f"--namespace=bench-{count}" for count in args.counts),
         ]

@@ -4,12 +4,22 @@
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/servegraph/servegraph-operator:0.1.0 .
 # Only pyproject.toml, README.md and src/ reach the build (operator.Dockerfile.dockerignore).
 
+#
+# Air-gapped builds (the test bed builds it this way, with buildah): give pip a
+# directory of wheels instead of an index,
+#   --build-context wheels=DIR --build-arg PIP_NO_INDEX=1
+# and a local base image through PYTHON_IMAGE.
+
 # Pinned base; pin its digest too when you build releases
 # (--build-arg PYTHON_IMAGE=python:3.11.14-slim-trixie@sha256:...).
 ARG PYTHON_IMAGE=python:3.11.14-slim-trixie
 
+# ---- wheels: empty unless the build is given a `wheels` context (see above)
+FROM scratch AS wheels
+
 # ---- build: the wheel, and a virtualenv holding it with its operator dependencies
 FROM ${PYTHON_IMAGE} AS build
+ARG PIP_NO_INDEX
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -17,7 +27,9 @@ COPY . .
 # Dependencies as wheels only (--only-binary): nothing is compiled, so neither
 # stage needs a compiler. The venv has no pip of its own; the build stage's pip
 # installs into it.
-RUN pip wheel --no-deps --wheel-dir /dist . \
+RUN --mount=type=bind,from=wheels,target=/wheels \
+    export PIP_FIND_LINKS=/wheels \
+    && pip wheel --no-deps --wheel-dir /dist . \
     && python -m venv --without-pip /opt/servegraph \
     && pip --python /opt/servegraph/bin/python install --only-binary=:all: \
         "$(find /dist -name 'servegraph-*.whl')[operator]"

@@ -10,7 +10,7 @@ import pytest
 import trustme
 from support import REGISTRY_TOKEN, testenv_dir
 
-from servegraph.registry.server import Registry, RegistryServer
+from servegraph_testbed.registry import Registry, RegistryServer
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servegraph.testenv import find_binaries
+from servegraph_testbed import find_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "config" / "samples"

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Builds (once) the real control-plane binaries the tests and the demo run:
-# kube-apiserver, kubectl, etcd, the KubeRay operator and Helm, all from the Go
-# module proxy with the go.sum files committed next to this script. Each binary
-# is cached under ~/.cache/servegraph/testenv/<tool>-<version>/ so a second run
-# builds nothing. KUBEBUILDER_ASSETS (setup-envtest users) supplies
-# kube-apiserver and etcd when it holds them. The last line printed is the
-# directory that holds every binary (plus crds/ with KubeRay's CRDs and rbac/ with its
-# ClusterRole).
+# Builds (once) every binary the test bed runs, from the Go module proxy with the
+# go.sum files committed next to this script, plus the Debian packages a node needs:
+#   control plane: kube-apiserver, etcd, kubectl, the KubeRay operator, Helm
+#   node:          kubelet, kube-controller-manager, kube-scheduler, kube-proxy,
+#                  CoreDNS (kubernetes plugin), pause (Kubernetes' own pause.c);
+#                  containerd, runc, CNI plugins, iptables, conntrack, buildah and
+#                  mmdebstrap from Debian (installed with apt-get when missing);
+#                  Prometheus (the observability tests scrape the node with it).
+# Each binary is cached under ~/.cache/servegraph/testenv/<tool>-<version>/ so a second
+# run builds nothing. KUBEBUILDER_ASSETS (setup-envtest users) supplies kube-apiserver
+# and etcd when it holds them. The last line printed is the directory that holds
+# every binary (plus crds/ with KubeRay's CRDs, rbac/ with its ClusterRole and
+# kuberay-config/ with its kustomize tree).
+#
+# SERVEGRAPH_TESTBED_TIER=controlplane skips the node's binaries and packages.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache="${SERVEGRAPH_CACHE:-$HOME/.cache/servegraph}/testenv"
+tier="${SERVEGRAPH_TESTBED_TIER:-node}"
 mkdir -p "$cache"
 
 export GOFLAGS="-mod=readonly -trimpath"
@@ -48,35 +56,136 @@ k8s_ldflags() {
   done
 }
 
+# build_kubernetes CMD...: every missing command of k8s.io/kubernetes in ONE go build,
+# so the packages they share compile once and both cores stay busy (a cold build of all
+# six takes about as long as kube-apiserver alone). Prints each binary's path.
+build_kubernetes() {
+  local missing=() cmd
+  for cmd in "$@"; do
+    [[ -x "$cache/$cmd-$KUBERNETES_VERSION/$cmd" ]] || missing+=("$cmd")
+  done
+  if ((${#missing[@]})); then
+    log "building ${missing[*]} $KUBERNETES_VERSION in one go build (first run only; cached in $cache)"
+    local start=$SECONDS tmp="$cache/kubernetes-$KUBERNETES_VERSION.tmp" pkgs=()
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    for cmd in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+    (cd "$here/kubernetes" && go build -ldflags "-s -w $(k8s_ldflags)" -o "$tmp/" "${pkgs[@]}")
+    for cmd in "${missing[@]}"; do
+      mkdir -p "$cache/$cmd-$KUBERNETES_VERSION"
+      mv "$tmp/$cmd" "$cache/$cmd-$KUBERNETES_VERSION/$cmd"
+    done
+    rm -rf "$tmp"
+    log "built ${missing[*]} in $((SECONDS - start)) s"
+  fi
+  for cmd in "$@"; do printf '%s\n' "$cache/$cmd-$KUBERNETES_VERSION/$cmd"; done
+}
+
+# The pause image's binary, from Kubernetes' own build/pause/linux/pause.c (static C).
+build_pause() {
+  local out="$cache/pause-$PAUSE_VERSION/pause"
+  if [[ ! -x "$out" ]]; then
+    log "building pause $PAUSE_VERSION from k8s.io/kubernetes build/pause/linux/pause.c"
+    local src
+    src=$(cd "$here/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+    mkdir -p "$(dirname "$out")"
+    gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-servegraph" -o "$out.tmp" "$src"
+    mv "$out.tmp" "$out"
+  fi
+  printf '%s\n' "$out"
+}
+
+# Prometheus' release from its Go module's version: v0.316.0 is Prometheus 3.16.0.
+prometheus_release() {
+  local v="${PROMETHEUS_VERSION#v0.}"
+  printf '%s.%s\n' "${v:0:1}" "${v:1}"
+}
+
+# Debian packages of the node and the image builds; installed only when a tool is missing.
+install_packages() {
+  local need=() pair
+  for pair in containerd:containerd runc:runc iptables:iptables conntrack:conntrack \
+    buildah:buildah mmdebstrap:mmdebstrap gcc:gcc; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+  done
+  [[ -x /usr/lib/cni/bridge ]] || need+=(containernetworking-plugins)
+  dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)  # pause is linked statically
+  if ((${#need[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+      log "missing Debian packages: ${need[*]} (run as root, or: sudo apt-get install ${need[*]})"
+      exit 1
+    fi
+    log "installing Debian packages: ${need[*]}"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  fi
+}
+
 assets="${KUBEBUILDER_ASSETS:-}"
+k8s_cmds=(kubectl)
 if [[ -n "$assets" && -x "$assets/kube-apiserver" && -x "$assets/etcd" ]]; then
   log "using kube-apiserver and etcd from KUBEBUILDER_ASSETS=$assets"
   apiserver="$assets/kube-apiserver"
   etcd="$assets/etcd"
 else
-  apiserver=$(build kubernetes "$KUBERNETES_VERSION" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$(k8s_ldflags)")
+  k8s_cmds+=(kube-apiserver)
   etcd=$(build etcd "$ETCD_VERSION" etcd go.etcd.io/etcd/server/v3)
 fi
-kubectl=$(build kubernetes "$KUBERNETES_VERSION" kubectl k8s.io/kubernetes/cmd/kubectl "$(k8s_ldflags)")
+node_bins=()
+if [[ "$tier" == node ]]; then
+  install_packages
+  k8s_cmds+=(kubelet kube-controller-manager kube-scheduler kube-proxy)
+fi
+build_kubernetes "${k8s_cmds[@]}" >/dev/null
+k8s() { printf '%s\n' "$cache/$1-$KUBERNETES_VERSION/$1"; }
+[[ -n "${apiserver:-}" ]] || apiserver=$(k8s kube-apiserver)
+kubectl=$(k8s kubectl)
 kuberay=$(build kuberay "$KUBERAY_VERSION" kuberay-operator github.com/ray-project/kuberay/ray-operator)
 helm=$(build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm)
+if [[ "$tier" == node ]]; then
+  for cmd in kubelet kube-controller-manager kube-scheduler kube-proxy; do node_bins+=("$(k8s "$cmd")"); done
+  node_bins+=("$(build coredns "$COREDNS_VERSION" coredns servegraph.local/testenv/coredns)")
+  node_bins+=("$(build_pause)")
+  # The web UI's assets are not needed (tests use the HTTP API): without the `builtinassets`
+  # tag Prometheus serves them from disk and builds without Node.js. `remove_all_sd` with
+  # `enable_kubernetes_sd` links one service discovery (the test bed's pods) instead of
+  # every cloud provider's SDK.
+  node_bins+=("$(GOFLAGS="$GOFLAGS -tags=remove_all_sd,enable_kubernetes_sd" build prometheus "$PROMETHEUS_VERSION" \
+    prometheus github.com/prometheus/prometheus/cmd/prometheus \
+    "-X github.com/prometheus/common/version.Version=$(prometheus_release)")")
+fi
 
 # One directory with every binary, keyed by the versions it holds.
-key="k8s-$KUBERNETES_VERSION.etcd-$ETCD_VERSION.kuberay-$KUBERAY_VERSION.helm-$HELM_VERSION"
+# (layout-N: bump when the directory's contents change shape.)
+key="layout-2.k8s-$KUBERNETES_VERSION.etcd-$ETCD_VERSION.kuberay-$KUBERAY_VERSION.helm-$HELM_VERSION"
+[[ "$tier" == node ]] && key="$key.coredns-$COREDNS_VERSION.pause-$PAUSE_VERSION.prometheus-$PROMETHEUS_VERSION"
 [[ -n "$assets" && "$apiserver" == "$assets/"* ]] && key="$key.assets-$(printf '%s' "$assets" | cksum | cut -d' ' -f1)"
 bin="$cache/bin-$key"
 # rbac/ holds KubeRay's generated ClusterRole, so the harness can run the operator with
-# exactly the permissions it ships with (checked last: its presence marks a complete dir).
-if [[ ! -f "$bin/rbac/kuberay-operator-role.yaml" ]]; then
+# exactly the permissions it ships with. .complete is written last and marks a whole dir.
+if [[ ! -f "$bin/.complete" ]]; then
   rm -rf "$bin.tmp"
   mkdir -p "$bin.tmp/crds" "$bin.tmp/rbac"
-  for b in "$apiserver" "$etcd" "$kubectl" "$kuberay" "$helm"; do
+  for b in "$apiserver" "$etcd" "$kubectl" "$kuberay" "$helm" "${node_bins[@]}"; do
     ln -sf "$b" "$bin.tmp/$(basename "$b")"
   done
   moddir=$(cd "$here/kuberay" && go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
   cp "$moddir"/config/crd/bases/ray.io_*.yaml "$bin.tmp/crds/"
+  # KubeRay's own kustomize install (config/default and what it references), for the
+  # node tier to install KubeRay exactly as its users do.
+  cp -r "$moddir/config" "$bin.tmp/kuberay-config"
   cp "$moddir"/config/rbac/role.yaml "$bin.tmp/rbac/kuberay-operator-role.yaml"
-  chmod u+w "$bin.tmp/crds/"* "$bin.tmp/rbac/"*
+  # The Gateway API's standard CRDs, at the version KubeRay builds against: its incremental
+  # upgrade creates Gateways and HTTPRoutes.
+  gwdir=$(cd "$here/kuberay" && go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)
+  mkdir -p "$bin.tmp/gateway-crds"
+  cp "$gwdir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$bin.tmp/gateway-crds/"
+  if [[ "$tier" == node ]]; then
+    # Kubernetes' own Dockerfile of the pause image, built by the test bed around our pause.
+    k8sdir=$(cd "$here/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+    cp "$k8sdir/build/pause/Dockerfile" "$bin.tmp/pause.Dockerfile"
+  fi
+  chmod -R u+w "$bin.tmp"
+  touch "$bin.tmp/.complete"
   rm -rf "$bin"
   mv "$bin.tmp" "$bin"
 fi

@@ -1,28 +1,29 @@
-"""The `servegraph` command: validate, render, inspect, pack, up/down, run, demo.
+"""The `servegraph` command: validate, render, inspect, pack, diff, up/down, run, rollback, status.
 
 Errors are one line per problem on stderr and a non-zero exit code, never a
 traceback: the people reading them are registry authors, not Python developers.
+A command whose optional extra is not installed says which one, in one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from servegraph.extras import MissingExtra
 from servegraph.graph import Format, GraphError, decode, encode, load_graph
 from servegraph.graph.validate import to_model
+from servegraph.operator import command as operator_command
+from servegraph.operator import rollout_command
+from servegraph.raydash import command as raydash_command
 from servegraph.render import RayServiceOptions, render_rayservice, serve_config_yaml
 from servegraph.render.inspect import describe, to_dot
 from servegraph.render.serve_config import dump_yaml
+from servegraph.statustree import command as status_command
 
 EXIT_INVALID = 2
-
-# Subcommands whose modules pull in optional dependencies (ray client, kopf) are
-# registered by those modules, so `validate` and `render` stay light.
-_OPTIONAL_COMMANDS = ("servegraph.up", "servegraph.operator.command", "servegraph.demo")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
     except OSError as exc:
         print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except MissingExtra as exc:
+        print(f"servegraph {args.command}: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130
@@ -70,11 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=[f.value for f in Format], default=Format.BINARY.value)
     p.set_defaults(func=_pack)
 
-    for module in _OPTIONAL_COMMANDS:
-        try:
-            importlib.import_module(module).add_arguments(sub)
-        except ImportError:
-            continue  # optional extra not installed; its commands are simply absent
+    # Always listed; their modules load the optional extras only when they run.
+    raydash_command.add_arguments(sub)
+    operator_command.add_arguments(sub)
+    rollout_command.add_arguments(sub)
+    status_command.add_arguments(sub)
     return parser
 
 

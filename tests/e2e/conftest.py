@@ -17,7 +17,7 @@ import pytest
 from e2e_support import E2E_GRAPH, HERE, ensure_deployed, start_serve
 from rayhead import RayHead, free_port
 
-from servegraph.raydash import RayDashboard
+from servegraph.raydash.client import RayDashboard
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -27,8 +27,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def ray_head() -> Iterator[RayHead]:
-    head = RayHead(num_cpus=2, extra_env={"PYTHONPATH": str(HERE)})
+def spans_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where Ray Serve's tracing (on for the session head) writes every span, one JSON a line."""
+    return tmp_path_factory.mktemp("spans") / "spans.jsonl"
+
+
+@pytest.fixture(scope="session")
+def ray_head(spans_file: Path) -> Iterator[RayHead]:
+    # Ray Serve's own tracing is on, sampling only requests that arrive with a sampled
+    # traceparent (ratio 0): the other tests send none and record no span.
+    tracing = {
+        "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": "e2e_apps:span_processors",
+        "RAY_SERVE_TRACING_SAMPLING_RATIO": "0",
+        "SERVEGRAPH_E2E_SPANS": str(spans_file),
+    }
+    head = RayHead(num_cpus=2, extra_env={"PYTHONPATH": str(HERE), **tracing})
     head.start()
     try:
         yield head

@@ -7,6 +7,7 @@ expected output is obvious from the graph.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -74,3 +75,35 @@ class Configurable:
             "replica_id": context.replica_id.unique_id,
             "pid": os.getpid(),
         }
+
+
+def span_processors() -> list[Any]:
+    """Ray Serve's tracing exporter hook (RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH): every
+    finished span as one JSON line appended to $SERVEGRAPH_E2E_SPANS, from every replica."""
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    path = os.environ["SERVEGRAPH_E2E_SPANS"]
+
+    class JsonLines(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            lines = []
+            for span in spans:
+                assert isinstance(span, ReadableSpan) and span.context is not None
+                parent = span.parent
+                lines.append(
+                    json.dumps(
+                        {
+                            "name": span.name,
+                            "trace": format(span.context.trace_id, "032x"),
+                            "id": format(span.context.span_id, "016x"),
+                            "parent": format(parent.span_id, "016x") if parent is not None else None,
+                            "attributes": dict(span.attributes or {}),
+                        }
+                    )
+                )
+            with open(path, "a") as f:
+                f.write("".join(line + "\n" for line in lines))
+            return SpanExportResult.SUCCESS
+
+    return [SimpleSpanProcessor(JsonLines())]

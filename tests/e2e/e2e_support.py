@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 from rayhead import RayHead
 
-from servegraph import up
-from servegraph.raydash import RayDashboard
+from servegraph.raydash import up
+from servegraph.raydash.client import RayDashboard
 
 HERE = Path(__file__).resolve().parent
 GRAPHS = HERE / "graphs"

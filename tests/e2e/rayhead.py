@@ -56,6 +56,8 @@ class RayHead:
     extra_env: dict[str, str] = field(default_factory=dict)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     dashboard_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    """Ray's metrics agent: Prometheus text of Ray's and the application's metrics."""
     temp_dir: Path = field(init=False)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     log_path: Path = field(init=False)
@@ -89,7 +91,7 @@ class RayHead:
             f"--dashboard-agent-listen-port={free_port()}",
             f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            f"--metrics-export-port={self.metrics_port}",
             f"--temp-dir={self.temp_dir}",
             "--include-log-monitor=false",
             "--disable-usage-stats",

@@ -15,9 +15,9 @@ import yaml
 from e2e_support import request
 from rayhead import RayHead
 
-from servegraph import up
 from servegraph.graph import load_graph
-from servegraph.raydash import RayDashboard
+from servegraph.raydash import up
+from servegraph.raydash.client import RayDashboard
 from servegraph.render.serve_config import serve_config_yaml
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from servegraph.testenv import Binaries, ControlPlane, KubeRayOperator, find_binaries
-from servegraph.testenv.clients import api_client
+from servegraph_testbed import Binaries, ControlPlane, KubeRayOperator, find_binaries
+from servegraph_testbed.clients import api_client
 
 OUR_CRDS = Path(__file__).resolve().parents[2] / "config" / "crd"
 
@@ -53,8 +53,10 @@ def control_plane(testenv_binaries: Binaries) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kuberay(control_plane: ControlPlane) -> Iterator[KubeRayOperator]:
     """The real KubeRay operator (all namespaces, as `kuberay-operator` with its shipped
-    ClusterRole); started by the first test that asks for it, stopped at session end."""
-    with KubeRayOperator(control_plane) as operator:
+    ClusterRole, RayServiceIncrementalUpgrade on); started by the first test that asks
+    for it, stopped at session end."""
+    # The incremental upgrade's feature gate on, so every upgrade strategy can be proved accepted.
+    with KubeRayOperator(control_plane, extra_args=["--feature-gates=RayServiceIncrementalUpgrade=true"]) as operator:
         yield operator
 
 

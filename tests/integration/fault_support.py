@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sg_support import OPERATOR_USER, Kit, start_operator
 
-from servegraph.render.rayservice import SPEC_HASH_ANNOTATION
-from servegraph.testenv import WRITE_VERBS, Component, ControlPlane
-from servegraph.testenv.waiting import eventually
+from servegraph.names import SPEC_HASH_ANNOTATION
+from servegraph_testbed import WRITE_VERBS, Component, ControlPlane
+from servegraph_testbed.waiting import eventually
 
 T = TypeVar("T")
 
@@ -29,10 +28,16 @@ class OperatorProcess:
     cp: ControlPlane
     name: str = "servegraph-operator-faults"
     component: Component | None = None
+    starts: int = 0
 
     def start(self) -> Component:
         """Blocking (waits for /readyz): from a test, `await asyncio.to_thread(op.start)`."""
-        self.component, _ = start_operator(self.cp, self.name)
+        # Downloads at once per namespace: more than the default 2, as the SIGKILL test needs
+        # downloads in flight in one namespace while others of it are applied.
+        self.component, _ = start_operator(
+            self.cp, self.name, "--fetches-per-namespace=8", env={"POD_NAME": f"{self.name}-{self.starts}"}
+        )
+        self.starts += 1
         return self.component
 
     def ensure_running(self) -> Component:
@@ -48,8 +53,8 @@ class OperatorProcess:
 
     @property
     def identity(self) -> str:
-        """What the audit log's userAgent names this process by (see runtime.Options)."""
-        return f"{socket.gethostname()}-{self.pid}"
+        """What the audit log's userAgent names this process by: `(<POD_NAME>_<suffix>)` (app.Options)."""
+        return f"({self.name}-{self.starts - 1}_"
 
     def kill(self) -> None:
         """SIGKILL, no grace: no cleanup handler, no in-flight request finishes."""

@@ -14,13 +14,18 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 from support import ROOT, SAMPLES
 
-from servegraph.registry.server import RegistryServer
-from servegraph.testenv import Component, ControlPlane
-from servegraph.testenv.processes import free_port, http_probe
-from servegraph.testenv.waiting import eventually
+from servegraph_testbed import Component, ControlPlane
+from servegraph_testbed.processes import free_port, http_probe
+from servegraph_testbed.registry import RegistryServer
+from servegraph_testbed.waiting import eventually
 
 GROUP, VERSION, PLURAL = "servegraph.io", "v1alpha1", "servegraphs"
 OPERATOR_USER = "servegraph-operator"
+
+
+LOOPBACK_SOURCES = "--allowed-source-networks=127.0.0.0/8"
+"""The test registry listens on loopback, which the default source policy refuses: an
+administrator's exception, as a development cluster's would be."""
 
 
 def start_operator(
@@ -28,7 +33,8 @@ def start_operator(
 ) -> tuple[Component, int]:
     """`servegraph run` as a real process, as the identity bound by config/rbac only."""
     port = free_port()
-    argv = [sys.executable, "-m", "servegraph.cli", "run", "--health-address", f"127.0.0.1:{port}", *args]
+    argv = [sys.executable, "-m", "servegraph.cli", "run", "--health-address", f"127.0.0.1:{port}", LOOPBACK_SOURCES]
+    argv += args
     component = cp.spawn(name, argv, identity=OPERATOR_USER, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     component.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
     return component, port

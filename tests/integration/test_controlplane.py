@@ -13,14 +13,14 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from servegraph.testenv import (
+from servegraph_testbed import (
     ApiError,
     Binaries,
     ComponentError,
     ControlPlane,
     KubeRayOperator,
 )
-from servegraph.testenv.waiting import eventually
+from servegraph_testbed.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

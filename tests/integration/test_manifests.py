@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servegraph.testenv import ControlPlane
+from servegraph_testbed import ControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "config"
@@ -241,7 +241,7 @@ def test_samples_are_valid_servegraphs_with_their_secrets(control_plane: Control
 
     objs = _kustomize(control_plane, CONFIG / "samples")
     graphs = _find(objs, "ServeGraph")
-    assert sorted(g["metadata"]["name"] for g in graphs) == ["complete", "heterogeneous", "mini"]
+    assert sorted(g["metadata"]["name"] for g in graphs) == ["complete", "heterogeneous", "mini", "observed"]
     for graph in graphs:
         name = graph["metadata"]["name"]
         source = graph["spec"]["source"]
@@ -265,6 +265,9 @@ NAMESPACED_VALUES = {
     "replicaCount": 3,
     "events": {"tokenSecret": {"create": True}},
     "allowedSourceHosts": ["registry.example.com", "*.graphs.example.org"],
+    "deniedSourceNetworks": ["10.96.0.0/12", "fd00:10:96::/112"],
+    "allowedSourceNetworks": ["127.0.0.0/8"],
+    "limits": {"maxGraphBytes": 8388608, "maxFetchSeconds": 30.5, "fetchesPerNamespace": 3},
 }
 
 
@@ -282,7 +285,12 @@ def test_helm_lint_is_clean(control_plane: ControlPlane, tmp_path: Path) -> None
         assert "0 chart(s) failed" in result.stdout
         assert not re.search(r"\[(WARNING|ERROR)\]", result.stdout), result.stdout
     # values.schema.json turns a misspelt or malformed value into an error, not a silent default.
-    for bad, message in [("replicas=3", "additional properties 'replicas'"), ("watchNamespaces={Team_A}", "Team_A")]:
+    for bad, message in [
+        ("replicas=3", "additional properties 'replicas'"),
+        ("watchNamespaces={Team_A}", "Team_A"),
+        ("deniedSourceNetworks={10.96.0.0}", "/deniedSourceNetworks/0"),
+        ("limits.maxGraphBytes=10", "/limits/maxGraphBytes"),
+    ]:
         result = control_plane.helm("lint", str(CHART), "--set", bad, check=False)
         assert result.returncode != 0 and message in result.stdout + result.stderr, result.stdout
 
@@ -337,6 +345,10 @@ def test_helm_namespaced_render_applies_on_the_server(
     args = _container(deployment)["args"]
     assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={ns}" for ns in watched]
     assert "--allowed-source-hosts=registry.example.com,*.graphs.example.org" in args
+    # The administrator's source policy and limits (docs/security.md) reach the operator.
+    assert "--denied-source-networks=10.96.0.0/12,fd00:10:96::/112" in args
+    assert "--allowed-source-networks=127.0.0.0/8" in args
+    assert {"--max-graph-bytes=8388608", "--max-fetch-seconds=30.5", "--fetches-per-namespace=3"} <= set(args)
     assert f"--events-token-secret=$(POD_NAMESPACE)/{OPERATOR}-events-token" in args
 
 
@@ -532,9 +544,67 @@ def test_images_match_what_they_serve() -> None:
     assert not re.search(r"apt-get|apk |gcc|build-essential|pip install", final_stage)
 
     ray = (DOCKER / "ray.Dockerfile").read_text()
-    [ray_tag] = re.findall(r"^ARG RAY_TAG=(\S+)", ray, re.M)
+    [ray_image] = re.findall(r"^ARG RAY_IMAGE=(\S+)", ray, re.M)
     pinned = re.search(r'"ray\[serve\]==([^"]+)"', (REPO / "pyproject.toml").read_text())
     assert pinned is not None
-    assert ray_tag == f"{pinned.group(1)}-py311", "the Ray image must run the Ray version servegraph is built for"
-    assert re.search(r"^FROM rayproject/ray:\$\{RAY_TAG\}$", ray, re.M)
+    assert ray_image == f"rayproject/ray:{pinned.group(1)}-py311", "the Ray image must run servegraph's Ray version"
+    assert re.search(r"^FROM \$\{RAY_IMAGE\}$", ray, re.M)
     assert "from servegraph.runtime import build" in ray  # the build fails if Ray cannot load the runtime
+
+
+# ---- observability: the Grafana dashboard and the Ray pods' monitor ---------------------
+
+DASHBOARD = CONFIG / "grafana" / "servegraph-overview.json"
+
+
+def test_grafana_dashboard_ships_the_same_in_kustomize_and_helm(control_plane: ControlPlane) -> None:
+    (kustomized,) = _kustomize(control_plane, CONFIG / "grafana")
+    assert not _find(_docs(_helm_template(control_plane, SYSTEM_NS)), "ConfigMap"), "off by default"
+    charted = _one(_docs(_helm_template(control_plane, SYSTEM_NS, "--set", "dashboards.enabled=true")), "ConfigMap")
+    for configmap in (kustomized, charted):
+        meta = configmap["metadata"]
+        assert (meta["name"], meta["namespace"]) == (f"{OPERATOR}-dashboards", SYSTEM_NS)
+        assert meta["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar selects by
+        assert json.loads(configmap["data"]["servegraph-overview.json"]) == json.loads(DASHBOARD.read_text())
+    _create_namespace(control_plane, SYSTEM_NS)
+    _dry_run(control_plane, "-k", str(CONFIG / "grafana"))
+    _dry_run(control_plane, "-f", "-", stdin=yaml.safe_dump(charted))
+
+
+def test_ray_pod_monitor_scrapes_kuberays_metrics_port_in_kustomize_and_helm(control_plane: ControlPlane) -> None:
+    kustomized = _one(_kustomize(control_plane, CONFIG / "prometheus"), "PodMonitor")
+    assert not _find(_docs(_helm_template(control_plane, SYSTEM_NS)), "PodMonitor"), "off by default"
+    charted = _one(
+        _docs(_helm_template(control_plane, SYSTEM_NS, "--set", "metrics.rayPodMonitor.enabled=true")), "PodMonitor"
+    )
+    for monitor in (kustomized, charted):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        # KubeRay labels every Ray pod so and names the Ray metrics agent's port `metrics`
+        # (tests/node/test_observability.py scrapes real Ray pods through exactly this selector).
+        assert monitor["spec"]["selector"] == {"matchLabels": {"ray.io/is-ray-node": "yes"}}
+        assert monitor["spec"]["namespaceSelector"] == {"any": True}
+        [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    # The operator's per-ServeGraph metrics carry the ServeGraph's `namespace`: its monitor keeps it.
+    service_monitors = [
+        _one(_kustomize(control_plane, CONFIG / "prometheus"), "ServiceMonitor"),
+        _one(
+            _docs(_helm_template(control_plane, SYSTEM_NS, "--set", "metrics.serviceMonitor.enabled=true")),
+            "ServiceMonitor",
+        ),
+    ]
+    assert [m["spec"]["endpoints"][0]["honorLabels"] for m in service_monitors] == [True, True]
+    narrowed = _one(
+        _docs(
+            _helm_template(
+                control_plane,
+                SYSTEM_NS,
+                "--set",
+                "metrics.rayPodMonitor.enabled=true",
+                "--set",
+                "metrics.rayPodMonitor.namespaces={team-a,team-b}",
+            )
+        ),
+        "PodMonitor",
+    )
+    assert narrowed["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}

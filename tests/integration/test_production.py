@@ -22,10 +22,10 @@ from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, sample_bytes, sta
 from support import REGISTRY_TOKEN, ROOT, SAMPLES
 
 from servegraph.graph import load_graph
-from servegraph.registry.server import RegistryServer
 from servegraph.render import serve_config_yaml
-from servegraph.testenv import WRITE_VERBS, Component, ControlPlane
-from servegraph.testenv.waiting import eventually
+from servegraph_testbed import WRITE_VERBS, Component, ControlPlane
+from servegraph_testbed.registry import RegistryServer
+from servegraph_testbed.waiting import eventually
 
 SYSTEM_NS = "servegraph-system"
 EVENTS_TOKEN = "ev3nts-t0ken-0f-the-test"
@@ -58,7 +58,7 @@ def _start(cp: ControlPlane, name: str, events_port: int) -> Replica:
 @pytest.fixture(scope="module")
 def replicas(control_plane: ControlPlane) -> Iterator[dict[str, Replica]]:
     """Two operator replicas with leader election, as the shipped manifests run them."""
-    from servegraph.testenv.processes import free_port
+    from servegraph_testbed.processes import free_port
 
     bind_operator_rbac(control_plane)
     control_plane.kubectl("create", "namespace", SYSTEM_NS, check=False)
@@ -93,8 +93,10 @@ def eventually_sync(check: Any, within: float, what: str) -> None:
 
 
 def _holder(cp: ControlPlane) -> str | None:
+    """The POD_NAME of the Lease holder (identities are `<pod>_<per-process suffix>`)."""
     out = cp.kubectl("get", "lease", LEASE, "-n", SYSTEM_NS, "-o", "jsonpath={.spec.holderIdentity}", check=False)
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    holder = out.stdout.strip() if out.returncode == 0 else ""
+    return holder.rsplit("_", 1)[0] or None
 
 
 @pytest.fixture
@@ -109,7 +111,7 @@ async def kit(
 
 def _writes_by(cp: ControlPlane, replica: str, since: int) -> list[dict[str, Any]]:
     events = cp.audit_log.events(user=OPERATOR_USER, verbs=WRITE_VERBS, since=since)
-    return [e for e in events if f"({replica})" in e.get("userAgent", "")]
+    return [e for e in events if f"({replica}_" in e.get("userAgent", "")]
 
 
 async def _post(
@@ -210,7 +212,10 @@ async def test_events_endpoint_refuses_bad_requests(replicas: dict[str, Replica]
 @pytest.mark.parametrize(
     ("url", "fragment"),
     [
-        ("https://169.254.169.254/latest/meta-data", "link-local or cloud metadata"),
+        (
+            "https://169.254.169.254/latest/meta-data",
+            "is, or resolves to, an address graphs may not be downloaded from",
+        ),
         ("https://localhost:1/v1/graphs/x", "host localhost is not in the allowed source hosts"),
     ],
     ids=["metadata-address", "not-allowlisted"],
@@ -230,7 +235,7 @@ def _leader(replicas: dict[str, Replica]) -> Replica:
 async def test_lease_is_released_on_clean_shutdown(
     control_plane: ControlPlane, replicas: dict[str, Replica], admin_api: Any
 ) -> None:
-    from servegraph.testenv.processes import free_port
+    from servegraph_testbed.processes import free_port
 
     coord = client.CoordinationV1Api(admin_api)
     standby = _start(control_plane, "op-c", free_port())

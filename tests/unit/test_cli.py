@@ -70,6 +70,23 @@ def test_inspect_and_dot() -> None:
     assert '"embed/embedder" -> "embed/tokenizer";' in dot.stdout
 
 
+def test_validate_and_pack_refuse_a_graph_the_operator_could_not_size(tmp_path: Path) -> None:
+    """A replica bigger than its hinted worker: the operator would report InvalidGraph, so the CLI does too."""
+    text = (SAMPLES / "mini.txtpb").read_text() + '\ncluster { worker_groups { name: "tiny" cpus_per_worker: 0.1 } }\n'
+    bad = tmp_path / "oversized.txtpb"
+    bad.write_text(text)
+    expected = (
+        'error: application "sentiment", node "tokenizer", field resources: '
+        'one replica does not fit a worker of group "tiny": num_cpus 0.25 > 0.1'
+    )
+    out = run("validate", str(bad))
+    assert out.returncode == 2
+    assert out.stderr.startswith(expected), out.stderr
+    packed = run("pack", str(bad), "-o", str(tmp_path / "oversized.pb"))
+    assert packed.returncode == 2 and expected in packed.stderr
+    assert not (tmp_path / "oversized.pb").exists()
+
+
 def test_pack_round_trips_and_refuses_invalid(tmp_path: Path) -> None:
     out_file = tmp_path / "mini.pb"
     out = run("pack", str(SAMPLES / "mini.txtpb"), "-o", str(out_file))

@@ -18,18 +18,20 @@ def _round_trips(text: str) -> None:
 
 
 def test_replicas_times_resources_overflowing_a_float_is_a_graph_error() -> None:
-    """Was OverflowError from math.ceil(inf) while sizing worker groups (found as binary)."""
-    graph = parse_graph(
-        b"""name: "g" schema_version: 1
-        applications { name: "a" route_prefix: "/a" ingress: "n"
-          nodes { key: "n" value {
-            deployment { import_path: "m:C" }
-            resources { num_cpus: 1.7e308 }
-            scaling { num_replicas: 2 } } } }""",
-        Format.TEXT,
-    )
+    """Was OverflowError from math.ceil(inf) while sizing worker groups (found as binary).
+
+    Sizing is part of validation, so the graph is refused before anything renders it.
+    """
     with pytest.raises(GraphError, match=r'worker group "cpu": .* too large'):
-        render_rayservice(graph, RayServiceOptions(name="g"))
+        parse_graph(
+            b"""name: "g" schema_version: 1
+            applications { name: "a" route_prefix: "/a" ingress: "n"
+              nodes { key: "n" value {
+                deployment { import_path: "m:C" }
+                resources { num_cpus: 1.7e308 }
+                scaling { num_replicas: 2 } } } }""",
+            Format.TEXT,
+        )
 
 
 def test_one_huge_replica_still_renders() -> None:

@@ -4,6 +4,7 @@ mirroring, merge patches, drift comparison, the work queue, event parsing."""
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 from cloudevents.core.bindings.http import to_binary_event, to_structured_event
@@ -11,13 +12,21 @@ from cloudevents.core.v1.event import CloudEvent
 from support import SAMPLES
 
 from servegraph.graph import load_graph
-from servegraph.operator import conditions
+from servegraph.operator import conditions, secrets
 from servegraph.operator.conditions import Condition
+from servegraph.operator.drift import contains
 from servegraph.operator.events_endpoint import TokenBucket, matches, parse_event, parse_selector
 from servegraph.operator.queue import WorkQueue
-from servegraph.operator.reconcile import _fold_events
-from servegraph.operator.spec import SpecError, parse_duration, parse_spec
-from servegraph.operator.status import contains, merge_patch, mirror_applications, ready_condition
+from servegraph.operator.secrets import SecretError, SecretKeyRef
+from servegraph.operator.spec import ConfigMapKeyRef, SpecError, parse_duration, parse_spec
+from servegraph.operator.status import (
+    Event,
+    fold_events,
+    merge_patch,
+    mirror_applications,
+    mirror_upgrade,
+    ready_condition,
+)
 
 
 @pytest.mark.parametrize(
@@ -42,15 +51,18 @@ def test_spec_defaults_and_overrides() -> None:
                 "caBundle": {"configMapRef": {"name": "ca"}},
             },
             "rayService": {"name": "svc", "image": "img:1", "workers": {"nodeSelector": {"pool": "ray"}}},
-        }
+        },
+        "team-a",
     )
-    assert spec.source.token.key == "token" and spec.source.timeout_s == 30 and spec.source.poll_interval_s is None
-    assert spec.source.ca_config_map is not None and spec.source.ca_config_map.key == "ca.crt"
+    assert spec.source.token == SecretKeyRef("team-a", "t", "token")
+    assert spec.source.timeout_s == 30 and spec.source.poll_interval_s is None
+    assert spec.source.ca_config_map == ConfigMapKeyRef("team-a", "ca", "ca.crt")
+    assert spec.source.secrets() == {("team-a", "t")}
     options = spec.rayservice_options("sg", "ns", {"uid": "u"})
     assert (options.name, options.image, options.labels) == ("svc", "img:1", {"servegraph.io/graph": "sg"})
     assert dict(options.workers.node_selector) == {"pool": "ray"}
     with pytest.raises(SpecError, match=r"url and tokenSecretRef\.name are required"):
-        parse_spec({"source": {"url": "https://r/x"}})
+        parse_spec({"source": {"url": "https://r/x"}}, "team-a")
 
 
 def test_condition_transition_time_moves_only_on_status_change() -> None:
@@ -132,15 +144,15 @@ def test_contains_ignores_server_defaults_but_not_edits() -> None:
 
 def test_fold_events_keeps_one_normal_event() -> None:
     events = [
-        ("Normal", "Fetched", "graph g version '1'"),
-        ("Normal", "Applied", "created RayService g"),
-        ("Warning", "X", "y"),
+        Event("Normal", "Fetched", "graph g version '1'"),
+        Event("Normal", "Applied", "created RayService g"),
+        Event("Warning", "X", "y"),
     ]
-    assert _fold_events(events) == [
-        ("Normal", "Applied", "created RayService g: graph g version '1'"),
-        ("Warning", "X", "y"),
+    assert fold_events(events) == [
+        Event("Normal", "Applied", "created RayService g: graph g version '1'"),
+        Event("Warning", "X", "y"),
     ]
-    assert _fold_events([("Normal", "Fetched", "f")]) == [("Normal", "Fetched", "f")]
+    assert fold_events([Event("Normal", "Fetched", "f")]) == [Event("Normal", "Fetched", "f")]
 
 
 async def test_queue_dedupes_and_requeues_dirty_keys() -> None:
@@ -191,3 +203,42 @@ def test_parse_event_both_modes_and_matching() -> None:
 
 def _parts(message: object) -> tuple[dict[str, str], bytes]:
     return dict(message.headers), message.body  # type: ignore[attr-defined]
+
+
+def test_secret_references_from_a_flag_and_their_values() -> None:
+    ref = secrets.from_flag("servegraph-system/events-token", key="token")
+    assert ref == SecretKeyRef("servegraph-system", "events-token", "token")
+    assert [secrets.from_flag(text, key="token") for text in ("events-token", "/x", "ns/")] == [None, None, None]
+    assert secrets.value(ref, {"token": base64.b64encode(b"t0k\n").decode()}) == "t0k\n"
+    with pytest.raises(SecretError, match=r"^Secret servegraph-system/events-token has no key 'token'$") as missing:
+        secrets.value(ref, {"other": "eA=="})
+    assert missing.value.reason == "KeyNotFound"
+    with pytest.raises(SecretError, match="is not UTF-8 text") as binary:
+        secrets.value(ref, {"token": base64.b64encode(b"\xff\xfe").decode()})
+    assert binary.value.reason == "InvalidValue" and "\\xff" not in str(binary.value)
+
+
+def test_mirror_upgrade_reads_kuberays_pending_cluster() -> None:
+    assert mirror_upgrade(RAYSERVICE) is None
+    assert mirror_upgrade(None) is None
+    upgrading = {
+        "status": {
+            "conditions": [{"type": "UpgradeInProgress", "status": "True"}],
+            "activeServiceStatus": {"rayClusterName": "mini-a"},
+            "pendingServiceStatus": {
+                "rayClusterName": "mini-b",
+                "applicationStatuses": {"embed": {"status": "DEPLOYING"}, "sentiment": {"status": "RUNNING"}},
+            },
+        }
+    }
+    assert mirror_upgrade(upgrading) == {
+        "activeRayCluster": "mini-a",
+        "pendingRayCluster": "mini-b",
+        "applications": {"embed": "DEPLOYING", "sentiment": "RUNNING"},
+    }
+    # The first cluster starting is pending with no active one: not an upgrade.
+    first = {"status": {"pendingServiceStatus": {"rayClusterName": "mini-a"}}}
+    assert mirror_upgrade(first) is None
+    # The condition alone (KubeRay has not named the pending cluster yet) is enough.
+    only_condition = {"status": {"conditions": [{"type": "UpgradeInProgress", "status": "True"}]}}
+    assert mirror_upgrade(only_condition) == {"activeRayCluster": "", "pendingRayCluster": "", "applications": {}}

@@ -3,10 +3,13 @@ encoding; random bytes never crash the parser."""
 
 from __future__ import annotations
 
+import pickle
+
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from servegraph.dag import args
 from servegraph.graph import Format, GraphError, decode, encode, parse_graph
 from servegraph.graph.validate import to_model
 from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config, serve_config_yaml
@@ -31,6 +34,11 @@ def dags(draw: st.DrawFn) -> graph_pb2.Graph:
     for a in range(draw(st.integers(1, 3))):
         n = draw(st.integers(1, 12))
         app = g.applications.add(name=f"app{a}", route_prefix=f"/app{a}", ingress="n0")
+        if draw(st.booleans()):
+            app.telemetry.forward_headers.extend(
+                draw(st.lists(st.sampled_from(["x-tenant", "x-b3-flags"]), unique=True))
+            )
+            app.telemetry.disable_metrics = draw(st.booleans())
         for i in range(n):
             node = app.nodes[f"n{i}"]
             node.deployment.import_path = f"pkg.mod{i}:Cls"
@@ -70,7 +78,12 @@ def test_random_dags_render_deterministically_and_round_trip(msg: graph_pb2.Grap
     model = to_model(msg)
     text = serve_config_yaml(model)
     assert yaml.safe_load(text) == render_serve_config(model)
+    for app, rendered in zip(model.applications, yaml.safe_load(text)["applications"], strict=True):
+        # What validates, the runtime's args check accepts: no BuildError, every node in order.
+        assert [n.id for n in args.decode(rendered["args"]).nodes] == list(app.order)
     manifest = render_rayservice(model, RayServiceOptions(name="prop"))
+    # The operator parses in a child process and gets the model back pickled: nothing may be lost.
+    assert pickle.loads(pickle.dumps(model)) == model
     for fmt in Format:
         again = decode(encode(msg, fmt), fmt)
         assert again == msg

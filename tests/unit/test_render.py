@@ -9,15 +9,15 @@ from support import SAMPLES
 
 from servegraph.graph import GraphError, load_graph
 from servegraph.graph.validate import to_model
+from servegraph.graph.workers import plan_worker_groups
+from servegraph.names import SPEC_HASH_ANNOTATION
 from servegraph.render import (
     PodOverrides,
     RayServiceOptions,
-    plan_worker_groups,
     rayservice_name,
     render_rayservice,
     serve_config_yaml,
 )
-from servegraph.render.rayservice import SPEC_HASH_ANNOTATION
 from servegraph.v1 import graph_pb2
 
 
@@ -51,7 +51,8 @@ def test_fixed_replicas_size_cpu_group_without_autoscaling() -> None:
     assert "enableInTreeAutoscaling" not in manifest["spec"]["rayClusterConfig"]
 
 
-def test_replica_too_big_for_hinted_worker_names_node() -> None:
+def test_replica_too_big_for_hinted_worker_is_a_validation_error_naming_the_node() -> None:
+    """Validation plans the worker groups, so what it accepts the renderer can always size."""
     g = graph()
     g.cluster.worker_groups.add(name="small", cpus_per_worker=1)
     g.applications[0].nodes["n1"].resources.num_cpus = 3
@@ -59,7 +60,7 @@ def test_replica_too_big_for_hinted_worker_names_node() -> None:
         GraphError,
         match=r'node "n1", field resources: one replica does not fit a worker of group "small": num_cpus 3 > 1',
     ):
-        plan_worker_groups(to_model(g))
+        to_model(g)
 
 
 def test_accelerator_types_get_their_own_group() -> None:
@@ -117,7 +118,11 @@ def test_overrides_and_owner_reference_are_rendered() -> None:
     assert m["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
     head = m["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
     assert head["serviceAccountName"] == "ray-head"
-    assert head["containers"][0]["resources"] == {"limits": {"cpu": "1"}}
+    # The override names cpu: its limit replaces the plan's cpu request and limit; memory stays planned.
+    assert head["containers"][0]["resources"] == {
+        "requests": {"memory": "8Gi"},
+        "limits": {"memory": "8Gi", "cpu": "1"},
+    }
     assert head["containers"][0]["image"] == "example.com/ray:custom"
     worker = m["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["nodeSelector"] == {"pool": "ray"}
@@ -167,3 +172,31 @@ def test_edges_follow_arguments() -> None:
     app.nodes["y"].CopyFrom(deployment("m:Y"))
     node = to_model(graph(app)).applications[0].nodes["top"]
     assert node.edges == ("x", "y")
+
+
+def test_resource_overrides_keep_what_they_do_not_name() -> None:
+    """Shrinking a GPU group's cpu and memory keeps its nvidia.com/gpu request and limit."""
+    app = graph_pb2.Application(name="a", route_prefix="/a", ingress="m")
+    app.nodes["m"].CopyFrom(deployment("servegraph.examples:Embedder"))
+    app.nodes["m"].resources.num_gpus = 1
+    small = {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "16Gi"}}
+    rs = render_rayservice(to_model(graph(app)), RayServiceOptions(name="g", workers=PodOverrides(resources=small)))
+    (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert group["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"nvidia.com/gpu": "1", "cpu": "300m", "memory": "1Gi"},
+        "limits": {"nvidia.com/gpu": "1", "cpu": "2", "memory": "16Gi"},
+    }
+
+
+def test_custom_resources_reach_ray_start_as_one_shell_word() -> None:
+    """KubeRay builds `ray start ... --resources=VALUE` as a bash line: the JSON must be quoted."""
+    import shlex
+
+    app = graph_pb2.Application(name="a", route_prefix="/a", ingress="m")
+    app.nodes["m"].CopyFrom(deployment("servegraph.examples:Tokenizer"))
+    app.nodes["m"].resources.custom["fast disk"] = 2
+    rs = render_rayservice(to_model(graph(app)), RayServiceOptions(name="g"))
+    (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    value = group["rayStartParams"]["resources"]
+    words = shlex.split(f"ray start --resources={value} --block")
+    assert words[2] == '--resources={"fast disk": 2.0}'

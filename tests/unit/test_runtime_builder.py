@@ -11,7 +11,7 @@ from ray.serve import Application
 from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
 from servegraph.runtime import BuildError, build
-from servegraph.runtime.routers import Child, SequenceRouter, SwitchRouter
+from servegraph.runtime.routers import Child, GraphContext, SequenceRouter, SwitchRouter
 
 USER_CODE = """
 from ray import serve
@@ -94,7 +94,7 @@ def test_routers_get_children_with_their_kind() -> None:
     assert (first.id, first.router, second.id, second.router) == ("f", False, "sw", True)
     switch = second.handle._bound_deployment
     assert switch.func_or_class is SwitchRouter
-    assert switch.init_kwargs == {"field": "k", "header": None}
+    assert switch.init_kwargs == {"field": "k", "header": None, "context": GraphContext()}
     _, cases, default = switch.init_args
     assert [(equals, child.id) for equals, child in cases] == [("x", "f")]
     assert isinstance(default, Child) and default.id == "f"

@@ -12,9 +12,10 @@ from ray.serve.schema import ServeDeploySchema
 from support import SAMPLES
 
 from servegraph.graph import Format, decode, encode, load_graph
+from servegraph.operator.parsing import GraphParser, parse_here
 from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config, serve_config_yaml
 
-NAMES = ["mini", "heterogeneous", "complete"]
+NAMES = ["mini", "heterogeneous", "complete", "observed"]
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +76,18 @@ def test_text_and_binary_render_the_same(name: str) -> None:
     assert serve_config_yaml(load_graph(SAMPLES / f"{name}.txtpb")) == serve_config_yaml(
         load_graph(SAMPLES / f"{name}.pb")
     )
+
+
+async def test_the_operator_child_process_parse_keeps_every_field_of_the_samples() -> None:
+    """The operator parses in a spawned child and gets the model back pickled: the model
+    must arrive whole (telemetry once did not, and routers stopped forwarding headers)."""
+    parser = GraphParser()
+    parsed = {}
+    try:
+        for name in NAMES:
+            data = (SAMPLES / f"{name}.pb").read_bytes()
+            parsed[name] = await parser.parse(data, max_bytes=len(data))
+            assert parsed[name] == await parse_here(data, max_bytes=len(data)), name
+    finally:
+        parser.close()
+    assert parsed["observed"].applications[0].telemetry.forward_headers  # so the comparison covers telemetry

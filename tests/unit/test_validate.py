@@ -216,9 +216,9 @@ def test_literals_keep_json_types() -> None:
 
 
 def _lit(v: object) -> object:
-    from servegraph.graph.model import Literal
+    from servegraph.dag.model import Constant
 
-    return Literal(v)
+    return Constant(v)
 
 
 @pytest.mark.parametrize("field", ["name", "node", "import_path"])

@@ -7,6 +7,7 @@ sample makes it the ingress, the HTTP request itself.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import re
@@ -16,9 +17,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from servegraph.runtime.payload import payload_from_body
+from servegraph.runtime.payload import normalize_headers, payload_from_body
 
-__all__ = ["Embedder", "MajorityVote", "Sentiment", "Tokenizer", "text_of"]
+__all__ = ["Echo", "Embedder", "MajorityVote", "Sentiment", "Slow", "Tokenizer", "text_of"]
 
 _WORD = re.compile(r"[\w']+")
 POSITIVE = ("good", "great", "love", "excellent", "happy", "nice", "wonderful", "best")
@@ -118,3 +119,44 @@ class MajorityVote:
                 votes[label] += 1
         winner = min(votes, key=lambda label: (-votes[label], label)) if votes else None
         return {"label": winner, "votes": dict(sorted(votes.items()))}
+
+
+class Echo:
+    """Answers with what reached it: its tag, the payload and the headers routers forwarded.
+
+    Its `__call__` declares `headers`, so routers pass it the W3C trace context and the
+    application's `telemetry.forward_headers`: put last in a sequence, it shows what
+    arrives at the end of a graph.
+    """
+
+    def __init__(self, tag: str = "echo") -> None:
+        self.tag = tag
+
+    async def __call__(self, item: Any, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        if isinstance(item, Request):  # at the ingress: the request's own headers
+            headers = normalize_headers(item.headers.items())
+            item = payload_from_body(await item.body())
+        return {"node": self.tag, "payload": item, "headers": dict(headers or {})}
+
+
+class Slow(Echo):
+    """Echo after a delay: a branch for an edge's `timeout_s` to cut.
+
+    Waits `delay_s`, or the payload's own `delay_s` when it is a JSON object with one
+    (so one graph can show both a fast answer and a timeout).
+    """
+
+    def __init__(self, delay_s: float = 3.0, tag: str = "slow") -> None:
+        super().__init__(tag)
+        self.delay_s = _seconds(delay_s)
+
+    async def __call__(self, item: Any, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        delay = item.get("delay_s", self.delay_s) if isinstance(item, Mapping) else self.delay_s
+        await asyncio.sleep(_seconds(delay))
+        return await super().__call__(item, headers)
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"delay_s must be a finite number ≥ 0, got {value!r}")
+    return float(value)

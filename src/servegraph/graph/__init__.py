@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from servegraph.dag.model import Graph
 from servegraph.graph.decode import DEFAULT_MAX_BYTES, Format, decode, encode
 from servegraph.graph.errors import GraphError, Problem
-from servegraph.graph.model import Application, Graph, Node
 from servegraph.graph.validate import MAX_NODES, to_model
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "MAX_NODES",
-    "Application",
     "Format",
-    "Graph",
     "GraphError",
-    "Node",
     "Problem",
     "decode",
     "encode",

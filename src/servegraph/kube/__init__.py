@@ -1,5 +1,11 @@
-"""The Kubernetes client edge: the only place servegraph talks to the API server."""
+"""The Kubernetes client edge of the reconcile: RayServices, ServeGraph status, Secrets,
+ConfigMaps and Events, as plain dicts, failures as `KubeError`.
 
-from servegraph.kube.client import FIELD_MANAGER, Kube, KubeError, connect
+Not the only code that talks to the API server: kopf runs the watches (and the
+login), and `operator/leader.py` reads and writes its Lease itself. Everything
+the reconcile and the events endpoint do goes through `KubeClient`.
+"""
 
-__all__ = ["FIELD_MANAGER", "Kube", "KubeError", "connect"]
+from servegraph.kube.client import KubeClient, KubeError, connect
+
+__all__ = ["KubeClient", "KubeError", "connect"]

@@ -1,27 +1,50 @@
 """Async Kubernetes access (kubernetes_asyncio): RayServices, ServeGraph status,
-Secrets, ConfigMaps and Events. Nothing here decides anything."""
+Secrets, ConfigMaps and Events. Nothing here decides anything.
+
+Three promises every call keeps, because a tenant's bad day must not become the
+operator's: each call has a timeout (a stalled API connection costs seconds, not
+a worker forever); every failure is a `KubeError` (never an aiohttp or socket
+error a caller forgot); and no write is sent once `may_write` says no (leader
+election's fence), while `abort_connections` resets every connection so that a
+write already sent but stuck in the network is dropped, not delivered late.
+"""
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
 import os
-from collections.abc import Awaitable, Mapping
+import socket
+import ssl
+import struct
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.rest import ApiException
 
-from servegraph.operator.spec import GROUP, PLURAL, VERSION
+from servegraph.names import (
+    API_VERSION,
+    FIELD_MANAGER,
+    GROUP,
+    KIND,
+    PLURAL,
+    RAY_GROUP,
+    RAY_PLURAL,
+    RAY_VERSION,
+    VERSION,
+)
 
-FIELD_MANAGER = "servegraph-operator"
-RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayservices"
+API_TIMEOUT_S = 10.0
+_PRECONDITION = "the server rejected our request due to an error in our request"
 
 
 class KubeError(Exception):
-    """An API call failed; `reason` is the API's reason (NotFound, Forbidden, ...)."""
+    """An API call failed; `reason` is the API's reason (NotFound, Forbidden, ...), or
+    Timeout, Unavailable, NotLeader (the fence), Replaced (a uid precondition failed)."""
 
     def __init__(self, reason: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -55,33 +78,37 @@ async def connect(kubeconfig: str | None = None) -> client.ApiClient:
     else:
         config.load_incluster_config(client_configuration=cfg)
     api = client.ApiClient(configuration=cfg)
-    _trust_no_env(api)
+    old = api.rest_client.pool_manager
+    api.rest_client.pool_manager = _session(cfg)
+    await old.close()
     return api
 
 
-def _trust_no_env(api: client.ApiClient) -> None:
-    """Give the client a session that does not read the environment on every request.
+def _session(cfg: client.Configuration) -> aiohttp.ClientSession:
+    """The client's session, made here rather than by kubernetes_asyncio, for two reasons.
 
-    kubernetes_asyncio opens its aiohttp session with `trust_env=True`, so each
-    request looks up proxy variables and parses ~/.netrc, twice through a thread
-    pool: 8 % of the operator's CPU at 1,000 ServeGraphs. kopf's own client does
-    not trust the environment either; a kubeconfig `proxy-url` still applies, as
-    kubernetes_asyncio passes it with each request.
+    It trusts no environment: kubernetes_asyncio's reads the proxy variables and parses
+    ~/.netrc on every request, twice through a thread pool (8 % of the operator's CPU at
+    1,000 ServeGraphs; a kubeconfig `proxy-url` still applies, passed per request). And
+    its sockets close abortively (SO_LINGER 0): when `abort_connections` closes them,
+    the kernel drops what is unsent and resets the connection, so a write stuck in the
+    network when this replica stops leading never arrives afterwards.
     """
-    rest = api.rest_client
-    connector = rest.pool_manager.connector
-    rest.pool_manager.detach()  # closes the old session, keeps its connection pool
-    rest.pool_manager = aiohttp.ClientSession(connector=connector, read_bufsize=2**21)
+    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    if cfg.cert_file:
+        context.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+    if not cfg.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    connector = aiohttp.TCPConnector(limit=cfg.connection_pool_maxsize, ssl=context, socket_factory=_abortive_socket)
+    return aiohttp.ClientSession(connector=connector, read_bufsize=2**21)
 
 
-def secret_value(namespace: str, name: str, key: str, data: Mapping[str, str]) -> str:
-    """One key of a Secret's (base64) data; errors name the Secret and key, never the value."""
-    if key not in data:
-        raise KubeError("KeyNotFound", f"Secret {namespace}/{name} has no key {key!r}")
-    try:
-        return base64.b64decode(data[key]).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        raise KubeError("InvalidValue", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
+def _abortive_socket(addr_info: Any) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return sock
 
 
 async def _raw(call: Awaitable[Any], what: str) -> Any:
@@ -89,38 +116,78 @@ async def _raw(call: Awaitable[Any], what: str) -> Any:
 
     Skips the client's model deserialization (dateutil parsing of every timestamp,
     most of the operator's CPU per request at scale) and checks the status the
-    client no longer checks itself.
+    client no longer checks itself. Every failure becomes a KubeError.
     """
     try:
         resp = await call
         data = await resp.read()
     except ApiException as exc:
         raise _error(exc, what) from None
+    except TimeoutError:
+        raise KubeError("Timeout", f"{what}: no answer from the API server in time") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise KubeError("Unavailable", f"{what}: {type(exc).__name__} talking to the API server") from None
     if not 200 <= resp.status <= 299:
         raise _status_error(resp.status, resp.reason, data, what)
     return json.loads(data) if data else None
 
 
-class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+class KubeClient:
+    """The API calls the operator makes, on kubernetes_asyncio; implements the reconciler's `ApiServer`."""
+
+    def __init__(
+        self, api: client.ApiClient, timeout_s: float = API_TIMEOUT_S, may_write: Callable[[], bool] | None = None
+    ) -> None:
         self.api = api
+        self.timeout_s = timeout_s
+        self.may_write = may_write
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
 
+    def _fence(self, what: str) -> None:
+        if self.may_write is not None and not self.may_write():
+            raise KubeError("NotLeader", f"{what}: this replica does not lead; nothing written")
+
+    async def abort_connections(self) -> None:
+        """Reset every connection to the API server at once, in use or idle, and start afresh.
+
+        What was sent and not yet received by the server is dropped by the kernel (see
+        `_session`), so no write of this process can land after it returns.
+        """
+        rest = self.api.rest_client
+        old = rest.pool_manager
+        rest.pool_manager = _session(self.api.configuration)
+        connector = old.connector
+        if connector is not None:
+            await connector.close(abort_ssl=True)
+        await old.close()
+
     async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
+            obj: dict[str, Any] = await _raw(
+                self._custom.get_namespaced_custom_object(
+                    RAY_GROUP,
+                    RAY_VERSION,
+                    namespace,
+                    RAY_PLURAL,
+                    name,
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                ),
+                f"get RayService {namespace}/{name}",
             )
-        except ApiException as exc:
+        except KubeError as exc:
             if exc.status == 404:
                 return None
-            raise _error(exc, f"get RayService {namespace}/{name}") from None
+            raise
         return obj
 
-    async def apply_rayservice(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply, forcing ownership of every field we render."""
+    async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
+        """Server-side apply. `force` takes over fields others set (drift repair on our own
+        RayService); without it, a RayService someone else wrote answers 409 Conflict."""
         meta = manifest["metadata"]
+        what = f"apply RayService {meta['namespace']}/{meta['name']}"
+        self._fence(what)
         obj: dict[str, Any] = await _raw(
             self._custom.patch_namespaced_custom_object(
                 RAY_GROUP,
@@ -130,32 +197,49 @@ class Kube:
                 meta["name"],
                 body=dict(manifest),
                 field_manager=FIELD_MANAGER,
-                force=True,
+                force=force,
                 _content_type="application/apply-patch+yaml",
                 _preload_content=False,
+                _request_timeout=self.timeout_s,
             ),
-            f"apply RayService {meta['namespace']}/{meta['name']}",
+            what,
         )
         return obj
 
-    async def patch_servegraph_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        await _raw(
-            self._custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                body={"status": dict(patch)},
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            ),
-            f"patch status of ServeGraph {namespace}/{name}",
-        )
+    async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None:
+        """Write the whole status of the ServeGraph with this uid, and of no other.
+
+        A JSON patch whose first operation tests metadata.uid: the API server refuses
+        it (raised as KubeError Replaced) if the name now belongs to a new object, or
+        (NotFound) if it is gone. A merge patch's metadata.uid is ignored on /status.
+        """
+        what = f"patch status of ServeGraph {namespace}/{name}"
+        self._fence(what)
+        ops = [{"op": "test", "path": "/metadata/uid", "value": uid}, {"op": "add", "path": "/status", "value": status}]
+        try:
+            await _raw(
+                self._custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    body=ops,
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
+                    _request_timeout=self.timeout_s,
+                ),
+                what,
+            )
+        except KubeError as exc:
+            if exc.status == 422 and str(exc).endswith(_PRECONDITION):
+                raise KubeError("Replaced", f"{what}: it was deleted and created again", 409) from None
+            raise
 
     async def annotate_servegraph(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        try:
-            await self._custom.patch_namespaced_custom_object(
+        """The events endpoint's write: any replica may make it (the leader's watch sees it)."""
+        await _raw(
+            self._custom.patch_namespaced_custom_object(
                 GROUP,
                 VERSION,
                 namespace,
@@ -163,36 +247,77 @@ class Kube:
                 name,
                 body={"metadata": {"annotations": dict(annotations)}},
                 _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            raise _error(exc, f"annotate ServeGraph {namespace}/{name}") from None
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+            f"annotate ServeGraph {namespace}/{name}",
+        )
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        """A Secret's data (base64 values), as the watch delivers it."""
+        """A Secret's data (base64 values), read on demand: the operator may only `get` Secrets."""
         obj = await _raw(
-            self._core.read_namespaced_secret(name, namespace, _preload_content=False),
+            self._core.read_namespaced_secret(name, namespace, _preload_content=False, _request_timeout=self.timeout_s),
             f"read Secret {namespace}/{name}",
         )
         return dict(obj.get("data") or {})
 
     async def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
-        try:
-            cm = await self._core.read_namespaced_config_map(name, namespace)
-        except ApiException as exc:
-            raise _error(exc, f"read ConfigMap {namespace}/{name}") from None
-        data = cm.data or {}
+        cm = await _raw(
+            self._core.read_namespaced_config_map(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+            ),
+            f"read ConfigMap {namespace}/{name}",
+        )
+        data = cm.get("data") or {}
         if key not in data:
             raise KubeError("KeyNotFound", f"ConfigMap {namespace}/{name} has no key {key!r}")
         return str(data[key])
 
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The whole ConfigMap as JSON (binaryData stays base64), or None when absent."""
+        try:
+            obj: dict[str, Any] = await _raw(
+                self._core.read_namespaced_config_map(
+                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+                ),
+                f"read ConfigMap {namespace}/{name}",
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
+        """Server-side apply of a ConfigMap the operator owns (the kept graphs). Without
+        `force`, one someone else wrote meanwhile answers 409 Conflict."""
+        meta = manifest["metadata"]
+        what = f"apply ConfigMap {meta['namespace']}/{meta['name']}"
+        self._fence(what)
+        obj: dict[str, Any] = await _raw(
+            self._core.patch_namespaced_config_map(
+                meta["name"],
+                meta["namespace"],
+                body=dict(manifest),
+                field_manager=FIELD_MANAGER,
+                force=force,
+                _content_type="application/apply-patch+yaml",
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            ),
+            what,
+        )
+        return obj
+
     async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: str) -> None:
         """A core/v1 Event on the ServeGraph; failures to post are not fatal."""
         meta = involved["metadata"]
+        self._fence("post Event")
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "ServeGraph",
+                "apiVersion": API_VERSION,
+                "kind": KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],
@@ -207,4 +332,35 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        await _raw(self._core.create_namespaced_event(meta["namespace"], body, _preload_content=False), "post Event")
+        await _raw(
+            self._core.create_namespaced_event(
+                meta["namespace"], body, _preload_content=False, _request_timeout=self.timeout_s
+            ),
+            "post Event",
+        )
+
+    async def service_cidrs(self) -> list[str]:
+        """The cluster's Service ranges (networking.k8s.io/v1 ServiceCIDRs), for the source policy."""
+        networking = client.NetworkingV1Api(self.api)
+        listed = await _raw(
+            networking.list_service_cidr(_preload_content=False, _request_timeout=self.timeout_s),
+            "list ServiceCIDRs",
+        )
+        return [cidr for item in listed.get("items") or () for cidr in (item.get("spec") or {}).get("cidrs") or ()]
+
+    async def api_server_endpoints(self) -> list[tuple[str, int]]:
+        """(address, port) of the API server as this client reaches it, and of the `kubernetes` Service."""
+        found: list[tuple[str, int]] = []
+        parts = urlsplit(self.api.configuration.host)
+        port = parts.port or 443
+        if parts.hostname:
+            loop = asyncio.get_running_loop()
+            try:
+                infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+            except OSError:
+                infos = []
+            found += [(str(info[4][0]), port) for info in infos]
+        host, service_port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and service_port and service_port.isdigit():
+            found.append((host, int(service_port)))
+        return sorted(set(found))

@@ -1,4 +1,10 @@
-"""`servegraph run`: start the operator (kubeconfig or in-cluster)."""
+"""`servegraph run` (the operator) and `servegraph fetch` (one download, as the operator makes it).
+
+Only the standard library at import time, so the CLI lists both without the
+`operator` extra; the operator's modules load when they run. The two share the
+source-policy and limit flags and the code behind them, so `fetch` refuses what
+the operator refuses, with the same message.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,15 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
-from servegraph.operator.runtime import Options
+from servegraph.extras import needs_extra
+from servegraph.names import LEASE_NAME, OPERATOR_NAMESPACE
+
+MiB = 1024 * 1024
+EXIT_FETCH_FAILED = 3
 
 
 def add_arguments(subparsers: Any) -> None:
@@ -20,8 +32,8 @@ def add_arguments(subparsers: Any) -> None:
     p.add_argument("--workers", type=int, default=4, help="concurrent reconciles")
     p.add_argument("--health-address", default="0.0.0.0:8080", help="host:port of /healthz, /readyz and /metrics")
     p.add_argument("--leader-elect", action="store_true", help="run several replicas; one reconciles (Lease)")
-    p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "servegraph-system"))
-    p.add_argument("--leader-election-id", default="servegraph-operator", help="name of the Lease")
+    p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", OPERATOR_NAMESPACE))
+    p.add_argument("--leader-election-id", default=LEASE_NAME, help="name of the Lease")
     p.add_argument(
         "--events-address", default="", help="host:port of POST /v1/events (graph published); off when empty"
     )
@@ -34,25 +46,92 @@ def add_arguments(subparsers: Any) -> None:
     p.add_argument(
         "--allowed-source-hosts",
         default="*",
-        help="comma-separated host globs graphs may be downloaded from; link-local and metadata addresses are always refused",
+        help="comma-separated host globs graphs may be downloaded from ('*': any host; empty: none)",
+    )
+    p.add_argument(
+        "--allowed-source-networks",
+        default="",
+        metavar="CIDRS",
+        help="comma-separated exceptions to the refused networks, e.g. 127.0.0.0/8 for a registry on loopback "
+        "(never link-local or cloud metadata)",
+    )
+    p.add_argument(
+        "--denied-source-networks",
+        default="",
+        metavar="CIDRS",
+        help="comma-separated networks refused too (the Service range, when the operator cannot list ServiceCIDRs)",
+    )
+    _limit_arguments(p, "--max-graph-bytes", "--max-fetch-seconds")
+    p.add_argument(
+        "--fetches-per-namespace",
+        type=int,
+        default=2,
+        help="downloads at once from one namespace's ServeGraphs (so one namespace cannot take every worker)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
+    f = subparsers.add_parser(
+        "fetch", help="download a graph exactly as the operator would; print its version and digest"
+    )
+    f.add_argument("url")
+    f.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
+    f.add_argument("--ca-file", type=Path, help="PEM CA bundle to verify the registry with (default: system CAs)")
+    f.add_argument("--allow-host", action="append", default=[], metavar="GLOB", help="allowed host (repeatable)")
+    f.add_argument("--allow-network", action="append", default=[], metavar="CIDR", help="refused-network exception")
+    f.add_argument("--deny-network", action="append", default=[], metavar="CIDR", help="network refused too")
+    f.add_argument("--kubeconfig", help="also refuse what the operator refuses in this cluster (API server, Services)")
+    f.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole download (spec.source.timeout)")
+    f.add_argument("--max-bytes", type=int, default=16 * MiB, help="size limit (spec.source.maxBytes)")
+    _limit_arguments(f, "--max-graph-bytes", "--max-fetch-seconds")
+    f.add_argument("--allow-insecure-http", action="store_true", help="allow http:// (spec.source.allowInsecureHTTP)")
+    f.add_argument("-o", "--output", type=Path, help="write the downloaded bytes here")
+    f.add_argument("-v", "--verbose", action="store_true", help="also print what only an administrator may see")
+    f.set_defaults(func=fetch)
+
+
+def _limit_arguments(p: argparse.ArgumentParser, max_bytes: str, max_seconds: str) -> None:
+    p.add_argument(
+        max_bytes,
+        type=int,
+        default=4 * MiB,
+        help="ceiling on any ServeGraph's maxBytes (the operator's memory; larger graphs render RayServices the API server refuses)",
+    )
+    p.add_argument(max_seconds, type=float, default=60.0, help="ceiling on one download: every hop, retry and backoff")
+
+
+def _split(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
 
 def run(args: argparse.Namespace) -> int:
-    import kopf
+    with needs_extra("operator"):
+        import kopf
 
-    import servegraph.operator.handlers  # noqa: F401 - registers the handlers
+        import servegraph.operator.handlers  # noqa: F401 - registers the handlers
+        from servegraph.operator import kopf_settings, secrets
+        from servegraph.operator.app import Options
+        from servegraph.source import Limits, SourcePolicy
 
+    registry = kopf.get_default_registry()
+    try:
+        kopf_settings.refuse_change_handlers(registry)
+    except RuntimeError as exc:
+        raise SystemExit(f"servegraph run: {exc}") from None
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     host, _, port = args.health_address.rpartition(":")
     events_host, _, events_port = args.events_address.rpartition(":")
-    parts = args.events_token_secret.split("/", 1)
-    secret = (parts[0], parts[1]) if len(parts) == 2 else None
+    secret = secrets.from_flag(args.events_token_secret, key="token")
     if args.events_address and secret is None:
         raise SystemExit("servegraph run: --events-address needs --events-token-secret NAMESPACE/NAME")
+    hosts = _split(args.allowed_source_hosts)
+    if not hosts:
+        raise SystemExit("servegraph run: --allowed-source-hosts is empty: name the registry hosts, or '*' for any")
+    try:
+        policy = SourcePolicy.build(hosts, _split(args.allowed_source_networks), _split(args.denied_source_networks))
+    except ValueError as exc:
+        raise SystemExit(f"servegraph run: {exc}") from None
     options = Options(
         kubeconfig=args.kubeconfig,
         workers=args.workers,
@@ -64,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
         events_host=events_host if args.events_address else None,
         events_port=int(events_port or 0),
         events_token_secret=secret,
-        allowed_source_hosts=tuple(h for h in args.allowed_source_hosts.split(",") if h.strip()),
+        policy=policy,
+        limits=Limits(max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds),
+        fetches_per_namespace=args.fetches_per_namespace,
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("servegraph").setLevel(logging.INFO)
@@ -73,5 +154,73 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     memo = kopf.Memo(options=options)
     namespaces = args.namespace or None
-    asyncio.run(kopf.operator(clusterwide=namespaces is None, namespaces=namespaces or (), standalone=True, memo=memo))
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            clusterwide=namespaces is None,
+            namespaces=namespaces or (),
+            standalone=True,
+            memo=memo,
+        )
+    )
+    return 0
+
+
+def fetch(args: argparse.Namespace) -> int:
+    """One download under the operator's rules; exit 0 with a summary, 3 if the download
+    failed (the operator's Fetched message), 2 if the graph is invalid (GraphValid's)."""
+    with needs_extra("operator"):
+        from servegraph.source import SourcePolicy
+
+    token = args.token_file.read_text()
+    ca_pem = args.ca_file.read_text() if args.ca_file else None
+    try:
+        policy = SourcePolicy.build(args.allow_host or ["*"], args.allow_network, args.deny_network)
+    except ValueError as exc:
+        raise SystemExit(f"servegraph fetch: {exc}") from None
+    return asyncio.run(_fetch(args, policy, token, ca_pem))
+
+
+async def _fetch(args: argparse.Namespace, policy: Any, token: str, ca_pem: str | None) -> int:
+    from servegraph.graph import GraphError, parse_graph
+    from servegraph.source import FetchError, FetchRequest, Limits, RegistryClient
+
+    if args.kubeconfig:
+        from servegraph.kube import KubeClient, connect
+        from servegraph.operator.app import cluster_policy
+
+        kube = KubeClient(await connect(args.kubeconfig))
+        try:
+            policy = await cluster_policy(policy, kube)
+        finally:
+            await kube.api.close()
+    limits = Limits(max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds)
+    timeout_s, max_bytes = limits.clamp(args.timeout, args.max_bytes)
+    request = FetchRequest(
+        url=args.url,
+        token=token,
+        timeout_s=timeout_s,
+        max_bytes=max_bytes,
+        ca_pem=ca_pem,
+        allow_insecure_http=args.allow_insecure_http,
+    )
+    async with RegistryClient(policy) as client:
+        try:
+            got = await client.fetch(request)
+        except FetchError as exc:
+            print(f"error: {exc.reason}: {exc}", file=sys.stderr)
+            if args.verbose and exc.detail != str(exc):
+                print(f"detail: {exc.detail}", file=sys.stderr)
+            return EXIT_FETCH_FAILED
+    if args.output:
+        args.output.write_bytes(got.body)
+    try:
+        graph = await asyncio.to_thread(parse_graph, got.body, max_bytes=max_bytes)
+    except GraphError:
+        print(f"{got.url}: downloaded {len(got.body)} bytes, sha256 {got.digest}, ETag {got.etag}", file=sys.stderr)
+        raise
+    print(
+        f"{got.url}: graph {graph.name!r} version {graph.version!r} sha256 {got.digest} "
+        f"({len(got.body)} bytes, {len(graph.applications)} applications, {graph.node_count} nodes, ETag {got.etag})"
+    )
     return 0

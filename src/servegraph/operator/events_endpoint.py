@@ -4,6 +4,10 @@ The endpoint writes the `servegraph.io/refresh` annotation rather than acting
 in memory: with several replicas behind one Service the request may reach a
 standby, and the annotation is what the leader's watch will see. CloudEvents
 are parsed by the CloudEvents SDK, in binary and structured mode alike.
+
+Guessing the token is slowed down: each client address may fail authentication a
+few times, then gets 429 for a while without the token being looked at. The
+subject (a URL, maybe with a token in its query) is logged without its query.
 """
 
 from __future__ import annotations
@@ -12,19 +16,22 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from servegraph.operator.spec import REFRESH_ANNOTATION
+from servegraph.names import REFRESH_ANNOTATION
+from servegraph.source import safe_url
 
 log = logging.getLogger("servegraph.operator.events")
 
 EVENT_TYPE = "io.servegraph.graph.published"
 MAX_BODY = 64 * 1024
+MAX_PEERS = 1024
+"""Client addresses whose failed attempts are remembered; the fullest buckets are forgotten first."""
 
 
 class TokenBucket:
@@ -36,13 +43,52 @@ class TokenBucket:
         self._at = clock()
 
     def take(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
+        self._refill()
         if self._tokens >= 1:
             self._tokens -= 1
             return True
         return False
+
+    def empty(self) -> bool:
+        """Whether a request now would be refused (without taking anything)."""
+        self._refill()
+        return self._tokens < 1
+
+    def full(self) -> bool:
+        self._refill()
+        return self._tokens >= self.burst
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+
+
+class FailedAuth:
+    """Failed authentications per client address: `burst` of them, then one per `1/rate` s."""
+
+    def __init__(self, rate: float = 0.5, burst: int = 5, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._peers: dict[str, TokenBucket] = {}
+
+    def blocked(self, peer: str) -> bool:
+        bucket = self._peers.get(peer)
+        return bucket is not None and bucket.empty()
+
+    def failed(self, peer: str) -> None:
+        bucket = self._peers.get(peer)
+        if bucket is None:
+            if len(self._peers) >= MAX_PEERS:
+                self._forget_recovered()
+            bucket = self._peers[peer] = TokenBucket(self.rate, self.burst, self._clock)
+        bucket.take()
+
+    def _forget_recovered(self) -> None:
+        for peer in [p for p, b in self._peers.items() if b.full()] or list(self._peers)[: MAX_PEERS // 2]:
+            del self._peers[peer]
+
+    def __len__(self) -> int:
+        return len(self._peers)
 
 
 @dataclass(frozen=True)
@@ -108,24 +154,36 @@ def matches(body: Mapping[str, Any], published: Published) -> bool:
 
 
 Annotate = Callable[[str, str, Mapping[str, str]], Any]
+Token = Callable[[bool], Awaitable[str | None]]
+"""The expected token; `token(True)` after a mismatch may read the Secret again (rate-limited)."""
 
 
 def events_app(
-    token: Callable[[], str | None],
+    token: Token,
     servegraphs: Callable[[], Iterable[Mapping[str, Any]]],
     annotate: Annotate,
     limiter: TokenBucket | None = None,
+    failures: FailedAuth | None = None,
 ) -> web.Application:
-    """The endpoint; `token()` is read per request so a rotated Secret applies at once."""
+    """The endpoint; `token` is asked per request, so a rotated Secret applies within its cache time."""
     limiter = limiter or TokenBucket(rate=5, burst=20)
+    failures = failures or FailedAuth()
 
     async def post(request: web.Request) -> web.Response:
-        expected = token()
+        peer = request.remote or "unknown"
+        if failures.blocked(peer):
+            return _error(429, "too many failed authentications; slow down", headers={"Retry-After": "2"})
         auth = request.headers.get("Authorization", "")
+        expected = await token(False)
         if not auth.startswith("Bearer ") or not expected:
+            failures.failed(peer)
             return _error(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(auth[len("Bearer ") :].encode(), expected.encode()):
-            return _error(403, "wrong bearer token")
+        presented = auth[len("Bearer ") :].encode()
+        if not hmac.compare_digest(presented, expected.encode()):
+            rotated = await token(True)  # the Secret may have just been rotated
+            if not rotated or not hmac.compare_digest(presented, rotated.encode()):
+                failures.failed(peer)
+                return _error(403, "wrong bearer token")
         if not limiter.take():
             return _error(429, "too many events; slow down", headers={"Retry-After": "1"})
         try:
@@ -140,9 +198,14 @@ def events_app(
         for sg in list(servegraphs()):
             if matches(sg, published):
                 meta = sg["metadata"]
-                await annotate(meta["namespace"], meta["name"], {REFRESH_ANNOTATION: published.event_id})
+                try:
+                    await annotate(meta["namespace"], meta["name"], {REFRESH_ANNOTATION: published.event_id})
+                except Exception as exc:  # one ServeGraph that cannot be annotated does not stop the rest
+                    log.warning("cannot refresh ServeGraph %s/%s: %s", meta["namespace"], meta["name"], exc)
+                    continue
                 refreshed.append(f"{meta['namespace']}/{meta['name']}")
-        log.info("graph published %s: refreshing %d ServeGraphs", published.url or published.selector, len(refreshed))
+        what = safe_url(published.url) if published.url else published.selector
+        log.info("graph published %s: refreshing %d ServeGraphs", what, len(refreshed))
         return web.json_response({"refreshed": sorted(refreshed)}, status=202)
 
     app = web.Application(client_max_size=MAX_BODY)

@@ -5,6 +5,10 @@ on the work queue. Handlers are `async def` on purpose: kopf runs sync handlers
 in threads, and the reconciler's caches and queue belong to the event loop. kopf stores no state on our objects (only `on.event`
 handlers, no finalizers, no annotations), so deleting a ServeGraph never waits
 for the operator and a quiet cluster sees no writes from it.
+
+There is no Secret watch: RBAC cannot narrow one to the Secrets ServeGraphs name, so
+it would stream every Secret of the cluster. Tokens are read when a download needs
+them (operator/secrets.py: SecretCache).
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from typing import Any
 
 import kopf
 
-from servegraph.operator import kopf_settings, runtime
-from servegraph.operator.spec import GRAPH_LABEL, GROUP, PLURAL, VERSION
+from servegraph.names import GRAPH_LABEL, GROUP, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
+from servegraph.operator import app, kopf_settings
 
 
 @kopf.on.login()
@@ -28,7 +32,7 @@ async def startup(
     settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
 ) -> None:
     kopf_settings.configure(settings)
-    memo.operator = await runtime.start(memo.options)
+    memo.operator = await app.start(memo.options)
     logger.info("servegraph operator started")
 
 
@@ -44,15 +48,6 @@ async def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     memo.operator.reconciler.servegraph_changed(event["object"], deleted=event["type"] == "DELETED")
 
 
-@kopf.on.event("", "v1", "secrets")
-async def secret_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    obj = event["object"]
-    meta = obj.get("metadata") or {}
-    memo.operator.secret_changed(
-        meta.get("namespace", ""), meta.get("name", ""), obj.get("data"), event["type"] == "DELETED"
-    )
-
-
-@kopf.on.event("ray.io", "v1", "rayservices", labels={GRAPH_LABEL: kopf.PRESENT})
+@kopf.on.event(RAY_GROUP, RAY_VERSION, RAY_PLURAL, labels={GRAPH_LABEL: kopf.PRESENT})
 async def rayservice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     memo.operator.reconciler.rayservice_changed(event["object"], deleted=event["type"] == "DELETED")

@@ -8,6 +8,16 @@ Timing (client-go's defaults): the lease lasts 15 s, the leader must renew
 within 10 s or stop leading at once, and everyone retries every 2 s. Expiry is
 judged by the local clock from when this process last saw the record change,
 never by comparing timestamps written by another machine.
+
+Why the leader always stops first: a standby takes over no sooner than 15 s after
+it saw the leader's last renewal land, which is after the leader sent it. The
+leader counts its 10 s renew deadline from when it *sent* that renewal (not from
+when the answer came back), as one deadline over all the tries in between (each
+try waits only for what is left of it), and when the deadline passes it stops at
+once: no new write passes `leading()` (the API client's fence), every connection
+to the API server is reset so that a write stuck in the network is dropped, and
+the reconcile workers are cancelled. So every write of an old leader has landed,
+or never will, at least 5 s before a standby can start.
 """
 
 from __future__ import annotations
@@ -51,14 +61,22 @@ class LeaderElector:
         config: LeaseConfig,
         on_started: Callable[[], Awaitable[None]],
         on_stopped: Callable[[], Awaitable[None]],
+        coordination: Any = None,
     ) -> None:
-        self._api = client.CoordinationV1Api(api)
+        """`coordination` replaces the coordination.k8s.io client (a test's stand-in)."""
+        self._api = coordination or client.CoordinationV1Api(api)
         self.config = config
         self._on_started = on_started
         self._on_stopped = on_stopped
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._deadline = 0.0
+        """Monotonic time when leading ends: the last renewal's send time + the renew deadline."""
         self.is_leader = False
+
+    def leading(self) -> bool:
+        """Whether this process may act now: the fence every write of the operator passes."""
+        return self.is_leader and time.monotonic() < self._deadline
 
     async def run(self) -> None:
         """Forever: acquire, then renew until it fails; release on cancellation."""
@@ -71,36 +89,65 @@ class LeaderElector:
                 self.is_leader = False
                 await self._on_stopped()
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._release())
+                    await asyncio.wait_for(asyncio.shield(self._release()), timeout=self.config.retry_s)
 
     async def _acquire(self) -> None:
+        cfg = self.config
         while True:
-            if await self._try():
+            sent = time.monotonic()
+            attempt, answered = await self._attempt(cfg.renew_deadline_s)
+            if not answered:
+                await _drop(attempt)
+            acquired = answered and attempt.result()
+            if acquired and time.monotonic() < sent + cfg.renew_deadline_s:
                 break
-            await asyncio.sleep(self.config.retry_s)
+            await asyncio.sleep(cfg.retry_s)
+        self._deadline = sent + cfg.renew_deadline_s
         self.is_leader = True
-        log.info(
-            "became leader (lease %s/%s, identity %s)", self.config.namespace, self.config.name, self.config.identity
-        )
+        log.info("became leader (lease %s/%s, identity %s)", cfg.namespace, cfg.name, cfg.identity)
         await self._on_started()
 
     async def _renew_until_lost(self) -> None:
-        last_renew = time.monotonic()
+        cfg = self.config
         while True:
-            await asyncio.sleep(self.config.retry_s)
-            try:
-                renewed = await asyncio.wait_for(self._try(), timeout=self.config.renew_deadline_s)
-            except TimeoutError:
-                renewed = False
-            if renewed:
-                last_renew = time.monotonic()
-            elif time.monotonic() - last_renew >= self.config.renew_deadline_s or self._held_by_other():
-                self.is_leader = False
-                log.warning(
-                    "lost leadership of lease %s/%s; stopping reconciles", self.config.namespace, self.config.name
-                )
-                await self._on_stopped()
-                return
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                return await self._lose("the renew deadline passed")
+            await asyncio.sleep(min(cfg.retry_s, left))
+            sent = time.monotonic()
+            if sent >= self._deadline:
+                return await self._lose("the renew deadline passed")
+            attempt, answered = await self._attempt(self._deadline - sent)
+            if not answered:
+                # Stop first (which resets the connections, dropping this renewal too), then let go of it.
+                await self._lose("no renewal was answered before the renew deadline")
+                await _drop(attempt)
+                return None
+            if attempt.result():
+                self._deadline = sent + cfg.renew_deadline_s
+            elif self._held_by_other():
+                return await self._lose("another replica holds the lease")
+
+    async def _attempt(self, within_s: float) -> tuple[asyncio.Task[bool], bool]:
+        """One `_try` given `within_s` seconds: (the attempt, whether it was answered in time).
+
+        Not `asyncio.wait_for` (on Python 3.11 it returns the result, swallowing a cancellation
+        of this task that arrives as the attempt finishes): a shutdown must always stop the elector.
+        """
+        attempt = asyncio.ensure_future(self._try())
+        try:
+            done, _ = await asyncio.wait({attempt}, timeout=within_s)
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        return attempt, bool(done)
+
+    async def _lose(self, why: str) -> None:
+        self.is_leader = False
+        log.warning(
+            "lost leadership of lease %s/%s (%s); stopping reconciles", self.config.namespace, self.config.name, why
+        )
+        await self._on_stopped()
 
     def _held_by_other(self) -> bool:
         return self._observed is not None and self._observed[0] not in (None, "", self.config.identity)
@@ -109,7 +156,9 @@ class LeaderElector:
         """One acquire-or-renew attempt; True when we hold the lease afterwards."""
         cfg = self.config
         try:
-            lease = await self._api.read_namespaced_lease(cfg.name, cfg.namespace)
+            lease = await self._api.read_namespaced_lease(
+                cfg.name, cfg.namespace, _request_timeout=cfg.renew_deadline_s
+            )
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("cannot read lease %s/%s: HTTP %s", cfg.namespace, cfg.name, exc.status)
@@ -135,7 +184,9 @@ class LeaderElector:
             spec.acquire_time = now
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
         try:
-            await self._api.replace_namespaced_lease(cfg.name, cfg.namespace, lease)
+            await self._api.replace_namespaced_lease(
+                cfg.name, cfg.namespace, lease, _request_timeout=cfg.renew_deadline_s
+            )
         except ApiException as exc:
             if exc.status != 409:  # 409: someone else wrote first
                 log.warning("cannot update lease %s/%s: HTTP %s", cfg.namespace, cfg.name, exc.status)
@@ -159,20 +210,34 @@ class LeaderElector:
             },
         }
         try:
-            await self._api.create_namespaced_lease(cfg.namespace, body)
+            await self._api.create_namespaced_lease(cfg.namespace, body, _request_timeout=cfg.renew_deadline_s)
         except ApiException as exc:
             if exc.status != 409:
                 log.warning("cannot create lease %s/%s: HTTP %s", cfg.namespace, cfg.name, exc.status)
+            return False
+        except Exception as exc:
+            log.warning("cannot create lease %s/%s: %s", cfg.namespace, cfg.name, type(exc).__name__)
             return False
         return True
 
     async def _release(self) -> None:
         """Hand the lease over at once on a clean shutdown instead of making others wait 15 s."""
         cfg = self.config
-        lease = await self._api.read_namespaced_lease(cfg.name, cfg.namespace)
+        lease = await self._api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=cfg.retry_s)
         if lease.spec.holder_identity != cfg.identity:
             return
         lease.spec.holder_identity = ""
         lease.spec.lease_duration_seconds = 1
         lease.spec.renew_time = _now()
-        await self._api.replace_namespaced_lease(cfg.name, cfg.namespace, lease)
+        await self._api.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=cfg.retry_s)
+
+
+async def _drop(attempt: asyncio.Task[bool]) -> None:
+    """Cancel an unanswered attempt and wait until it has stopped.
+
+    Waited for with `asyncio.wait`, not `await attempt`: awaiting it would raise the same
+    CancelledError for its cancellation and for one of the caller's, and suppressing that
+    would swallow a shutdown (the elector then retried forever, found by tests/unit/test_leader.py).
+    """
+    attempt.cancel()
+    await asyncio.wait({attempt})

@@ -1,12 +1,34 @@
-"""Prometheus metrics of the operator, in a registry of its own."""
+"""Prometheus metrics of the operator, in a registry of its own.
+
+Besides the operator's own work (reconciles, downloads, API writes), per ServeGraph
+(labels `namespace`, `name`): how long its downloads and reconciles take, which graph
+version is live (`servegraph_graph_info`, the join key to the routers' metrics, which
+carry `graph` and `graph_version`), and how its rollouts ended. Only the replica that
+reconciles reports per-ServeGraph series: standbys have nothing to say.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+Key = tuple[str, str]
+"""(namespace, name) of a ServeGraph."""
+
+PER_GRAPH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Few buckets: these histograms have a series per ServeGraph."""
+
+ROLLOUT_OUTCOMES = ("succeeded", "failed", "rolled_back", "superseded")
+"""`outcome` of servegraph_graph_rollouts_total, one per ending of operator/rollout.py."""
+
+_reconciling: contextvars.ContextVar[Key | None] = contextvars.ContextVar("servegraph_reconciling", default=None)
+"""The ServeGraph the current task reconciles: registry requests made meanwhile are its downloads."""
 
 
 class _ConditionCollector(Collector):
@@ -27,6 +49,23 @@ class _ConditionCollector(Collector):
         yield family
 
 
+class _GraphInfoCollector(Collector):
+    """`servegraph_graph_info`: the graph each ServeGraph serves, from the status last written."""
+
+    def __init__(self, live: Mapping[Key, Mapping[str, str]]) -> None:
+        self._live = live
+
+    def collect(self) -> Iterable[Metric]:
+        family = InfoMetricFamily(
+            "servegraph_graph",
+            "The graph a ServeGraph has applied: name, version and digest",
+            labels=["namespace", "name"],
+        )
+        for (namespace, name), info in sorted(self._live.items()):
+            family.add_metric([namespace, name], dict(info))
+        yield family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -43,13 +82,81 @@ class Metrics:
             "servegraph_fetch_responses_total", "Registry responses by HTTP status", ["code"], registry=r
         )
         self.writes = Counter("servegraph_api_writes_total", "Writes to the API server by kind", ["kind"], registry=r)
+        per_graph = ["namespace", "name"]
+        self.graph_fetch_seconds = Histogram(
+            "servegraph_graph_fetch_duration_seconds",
+            "Duration of one registry request for a ServeGraph's graph",
+            per_graph,
+            buckets=PER_GRAPH_BUCKETS,
+            registry=r,
+        )
+        self.graph_reconcile_seconds = Histogram(
+            "servegraph_graph_reconcile_duration_seconds",
+            "Duration of a ServeGraph's reconcile",
+            per_graph,
+            buckets=PER_GRAPH_BUCKETS,
+            registry=r,
+        )
+        self.rollouts = Counter(
+            "servegraph_graph_rollouts_total",
+            "Rollouts of a new graph digest by how they ended",
+            [*per_graph, "graph", "outcome"],
+            registry=r,
+        )
+        self._live: dict[Key, dict[str, str]] = {}
+        r.register(_GraphInfoCollector(self._live))
+
+    def reconciling(self, key: Key) -> None:
+        """The current task now reconciles `key` (each worker task runs one reconcile at a time)."""
+        _reconciling.set(key)
+
+    def observe_reconcile(self, key: Key, result: str, seconds: float) -> None:
+        """A reconcile of `key` ended: its duration; registry requests are no longer its."""
+        _reconciling.set(None)
+        self.reconciles.labels(result).inc()
+        self.reconcile_seconds.labels(result).observe(seconds)
+        self.graph_reconcile_seconds.labels(*key).observe(seconds)
 
     def observe_fetch(self, status: int | None, seconds: float, n_bytes: int) -> None:
+        """One registry request (the fetcher's callback), also counted for the ServeGraph being reconciled."""
         code = str(status) if status is not None else "error"
         self.fetch_seconds.labels(code).observe(seconds)
         self.fetch_responses.labels(code).inc()
         if n_bytes:
             self.fetch_bytes.inc(n_bytes)
+        key = _reconciling.get()
+        if key is not None:
+            self.graph_fetch_seconds.labels(*key).observe(seconds)
+
+    def observe_status(self, key: Key, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """A reconcile's status for a ServeGraph: the live graph."""
+        graph = new.get("graph") or {}
+        if graph.get("digest"):
+            self._live[key] = {
+                "graph": str(graph.get("name", "")),
+                "version": str(graph.get("version", "")),
+                "digest": str(graph["digest"]),
+            }
+
+    def rollout_started(self, key: Key, graph: str) -> None:
+        """Series at 0 while a rollout is under way, so increase() over a range counts its first outcome."""
+        for outcome in ROLLOUT_OUTCOMES:
+            self.rollouts.labels(key[0], key[1], graph, outcome)
+
+    def record_rollout(self, key: Key, outcome: str, graph: str = "") -> None:
+        """Count one rollout of ServeGraph `key` that ended with `outcome` (one of ROLLOUT_OUTCOMES)."""
+        self.rollouts.labels(key[0], key[1], graph, outcome).inc()
+
+    def forget(self, key: Key) -> None:
+        """A ServeGraph was deleted: drop its per-ServeGraph series."""
+        self._live.pop(key, None)
+        for histogram in (self.graph_fetch_seconds, self.graph_reconcile_seconds):
+            with contextlib.suppress(KeyError):
+                histogram.remove(*key)
+        for labels in [s.labels for m in self.rollouts.collect() for s in m.samples]:
+            if (labels.get("namespace"), labels.get("name")) == key:
+                with contextlib.suppress(KeyError):
+                    self.rollouts.remove(labels["namespace"], labels["name"], labels["graph"], labels["outcome"])
 
     def watch_conditions(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self.registry.register(_ConditionCollector(snapshot))

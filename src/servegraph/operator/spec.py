@@ -1,20 +1,23 @@
-"""The ServeGraph custom resource's spec, read into typed values (pure)."""
+"""The ServeGraph custom resource's spec, read into typed values (pure).
+
+The CRD's schema and CEL rules refuse most bad input before it gets here; this
+turns what is left into values the reconcile compares (a changed `Source`
+means a new download) and the RayService options the renderer takes.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from servegraph.names import API_VERSION, GRAPH_LABEL, KIND
+from servegraph.operator import secrets
+from servegraph.operator.rollout import RolloutSpec
+from servegraph.operator.secrets import SecretKeyRef
 from servegraph.render import PodOverrides, RayServiceOptions
-
-GROUP = "servegraph.io"
-VERSION = "v1alpha1"
-PLURAL = "servegraphs"
-KIND = "ServeGraph"
-REFRESH_ANNOTATION = "servegraph.io/refresh"
-GRAPH_LABEL = "servegraph.io/graph"
+from servegraph.render.rayservice import UpgradeStrategy
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -38,7 +41,10 @@ def parse_duration(text: str, field: str) -> float:
 
 
 @dataclass(frozen=True)
-class Ref:
+class ConfigMapKeyRef:
+    """One key of one ConfigMap (a CA bundle), in the ServeGraph's namespace."""
+
+    namespace: str
     name: str
     key: str
 
@@ -46,20 +52,26 @@ class Ref:
 @dataclass(frozen=True)
 class Source:
     url: str
-    token: Ref
+    token: SecretKeyRef
     allow_insecure_http: bool = False
-    ca_secret: Ref | None = None
-    ca_config_map: Ref | None = None
+    ca_secret: SecretKeyRef | None = None
+    ca_config_map: ConfigMapKeyRef | None = None
     sha256: str | None = None
     poll_interval_s: float | None = None
     timeout_s: float = 30.0
     max_bytes: int = 16 * 1024 * 1024
+
+    def secrets(self) -> frozenset[tuple[str, str]]:
+        """(namespace, name) of every Secret a download reads: the ones worth watching."""
+        refs = [self.token, self.ca_secret]
+        return frozenset(r.secret for r in refs if r is not None)
 
 
 @dataclass(frozen=True)
 class ServeGraphSpec:
     source: Source
     ray_service: Mapping[str, Any]
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     def rayservice_options(self, name: str, namespace: str, owner: Mapping[str, Any]) -> RayServiceOptions:
         rs = self.ray_service
@@ -71,11 +83,37 @@ class ServeGraphSpec:
             ray_version=rs.get("rayVersion"),
             head=_pod(rs.get("head") or {}),
             workers=_pod(rs.get("workers") or {}),
-            upgrade_strategy=rs.get("upgradeStrategy"),
+            upgrade_strategy=_strategy(rs),
             serve_service=rs.get("serveService"),
             suspend=rs.get("suspend"),
             owner_references=(owner,),
         )
+
+
+def _strategy(rs: Mapping[str, Any]) -> UpgradeStrategy | None:
+    kind = rs.get("upgradeStrategy")
+    if not kind:
+        return None
+    options = rs.get("clusterUpgradeOptions") or {}
+    return UpgradeStrategy(
+        kind,
+        gateway_class_name=options.get("gatewayClassName"),
+        max_surge_percent=options.get("maxSurgePercent"),
+        step_size_percent=options.get("stepSizePercent"),
+        interval_seconds=options.get("intervalSeconds"),
+    )
+
+
+def _rollout(raw: Mapping[str, Any]) -> RolloutSpec:
+    pin = raw.get("pin") or {}
+    digest = pin.get("digest") or None
+    return RolloutSpec(
+        progress_deadline_s=parse_duration(raw.get("progressDeadline") or "10m", "rollout.progressDeadline"),
+        auto_rollback=bool(raw.get("autoRollback", True)),
+        history_limit=int(raw.get("historyLimit") or 10),
+        pin_digest=digest.removeprefix("sha256:") if digest else None,
+        pin_version=pin.get("version") or None,
+    )
 
 
 def _pod(p: Mapping[str, Any]) -> PodOverrides:
@@ -88,40 +126,42 @@ def _pod(p: Mapping[str, Any]) -> PodOverrides:
     )
 
 
-def _ref(raw: Mapping[str, Any] | None, default_key: str) -> Ref | None:
+def _config_map_ref(raw: Mapping[str, Any] | None, namespace: str) -> ConfigMapKeyRef | None:
     if not raw:
         return None
-    return Ref(name=str(raw["name"]), key=str(raw.get("key") or default_key))
+    return ConfigMapKeyRef(namespace=namespace, name=str(raw["name"]), key=str(raw.get("key") or "ca.crt"))
 
 
-def parse_spec(spec: Mapping[str, Any]) -> ServeGraphSpec:
-    """Read the spec; the CRD's schema and CEL rules already refused most bad input."""
+def parse_spec(spec: Mapping[str, Any], namespace: str) -> ServeGraphSpec:
+    """Read the spec of a ServeGraph in `namespace`, where every Secret and ConfigMap it names lives."""
     src = spec.get("source") or {}
     if not src.get("url") or not src.get("tokenSecretRef", {}).get("name"):
         raise SpecError("spec.source: url and tokenSecretRef.name are required")
     ca = src.get("caBundle") or {}
-    token = _ref(src["tokenSecretRef"], "token")
+    token = secrets.from_spec(src["tokenSecretRef"], namespace, "token")
     assert token is not None
     poll = src.get("pollInterval")
     source = Source(
         url=str(src["url"]),
         token=token,
         allow_insecure_http=bool(src.get("allowInsecureHTTP", False)),
-        ca_secret=_ref(ca.get("secretRef"), "ca.crt"),
-        ca_config_map=_ref(ca.get("configMapRef"), "ca.crt"),
+        ca_secret=secrets.from_spec(ca.get("secretRef"), namespace, "ca.crt"),
+        ca_config_map=_config_map_ref(ca.get("configMapRef"), namespace),
         sha256=(src.get("sha256") or None),
         poll_interval_s=parse_duration(poll, "source.pollInterval") if poll else None,
         timeout_s=parse_duration(src.get("timeout") or "30s", "source.timeout"),
         max_bytes=int(src.get("maxBytes") or 16 * 1024 * 1024),
     )
-    return ServeGraphSpec(source=source, ray_service=dict(spec.get("rayService") or {}))
+    return ServeGraphSpec(
+        source=source, ray_service=dict(spec.get("rayService") or {}), rollout=_rollout(spec.get("rollout") or {})
+    )
 
 
 def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     """The RayService's owner reference: deleting the ServeGraph deletes it (GC)."""
     meta = body["metadata"]
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": API_VERSION,
         "kind": KIND,
         "name": meta["name"],
         "uid": meta["uid"],

@@ -1,4 +1,11 @@
-"""ServeGraph status from what the reconcile saw (pure).
+"""What a reconcile observed → the ServeGraph's status, its conditions and its Events (pure).
+
+The reconcile gathers an `Outcome` (what fetching, validating and applying
+said) and `report` turns it, with the status already written, into the new
+status, the merge patch that writes it, and the Events to post. Pure so that
+every rule below (one Normal event per reconcile, Warnings only on transitions,
+Ready only when every application is RUNNING) is tested by table, without a
+server.
 
 KubeRay's own Ready turns true as soon as one serve endpoint exists, even with
 an application DEPLOY_FAILED; ours requires every application of the graph to
@@ -8,12 +15,201 @@ be RUNNING, which is what a user of the graph means by ready.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from servegraph.graph import Graph
+from servegraph.dag.model import Graph
+from servegraph.operator import conditions
 from servegraph.operator.conditions import Condition
 
 RUNNING = "RUNNING"
+# The Warning event posted when a condition turns False, by condition type.
+WARNINGS = {"Fetched": "FetchFailed", "GraphValid": "InvalidGraph", "Applied": "ApplyFailed"}
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What one reconcile learned, before it becomes status and events.
+
+    A condition left None keeps its previous value (that step did not run).
+    """
+
+    fetched: Condition | None = None
+    valid: Condition | None = None
+    applied: Condition | None = None
+    events: list[Event] = field(default_factory=list)
+    retry: bool = False
+    progressing: Condition | None = None
+
+
+@dataclass(frozen=True)
+class GoodGraph:
+    """The last valid graph downloaded: what runs, whatever came after it."""
+
+    graph: Graph
+    digest: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything `report` reads, gathered by the reconcile."""
+
+    outcome: Outcome
+    good: GoodGraph | None
+    etag: str | None
+    rayservice: str | None
+    """The RayService's name once one is desired; None before (no valid graph, or an invalid spec)."""
+    applications: Mapping[str, Any] | None
+    """Mirrored application statuses of the live RayService; None when it does not exist."""
+    upgrade: Mapping[str, Any] | None = None
+    """KubeRay's new-cluster upgrade in progress (mirror_upgrade), or None."""
+    rollout: Mapping[str, Any] | None = None
+    """status.rollout as rollout.decide left it (None: no rollout yet, leave it out)."""
+    history: list[dict[str, Any]] | None = None
+    conflict: str | None = None
+    """Why the RayService of that name is not this ServeGraph's to write (drift.conflict), or None."""
+    still_current: frozenset[str] = frozenset({"Fetched", "GraphValid", "Applied", "Progressing"})
+    """The conditions this reconcile did not recompute that still answer for this generation:
+    the source they were computed for is the one the spec names now. The others (a new URL,
+    pin or token whose download failed or has not run yet, an invalid spec) keep the
+    generation they were computed for, so an old success never reads as the new spec's."""
+
+
+@dataclass(frozen=True)
+class Report:
+    status: dict[str, Any]
+    patch: dict[str, Any]
+    """The merge patch from the written status to `status`; empty when there is nothing to write."""
+    transitions: list[dict[str, Any]]
+    """Conditions whose status, reason or message changed: one log line each."""
+    events: list[Event]
+    """To post once the patch is written (Warnings come only with transitions, so with a patch)."""
+
+
+def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str) -> Report:
+    """The new status, and what to say about the change, from the status already written."""
+    out = observed.outcome
+    current = old.get("conditions") or []
+    updates = []
+    for cond, type_ in (
+        (out.fetched, "Fetched"),
+        (out.valid, "GraphValid"),
+        (out.applied, "Applied"),
+        (out.progressing, "Progressing"),
+    ):
+        if cond is not None:
+            updates.append(cond)
+        elif type_ in observed.still_current and (prev := conditions.get(current, type_)) is not None:
+            # Still the answer for this generation: say so. Otherwise it keeps its own.
+            updates.append(Condition(type_, _bool(prev["status"]), prev["reason"], prev["message"]))
+    good = observed.good
+    if observed.conflict is not None:
+        updates.append(Condition("Ready", False, "Conflict", observed.conflict))
+    elif observed.rayservice is not None or good is None:
+        graph = good.graph if good is not None else None
+        updates.append(
+            ready_condition(graph, observed.applications is not None, observed.applications or {}, observed.upgrade)
+        )
+    new = dict(old)
+    new["observedGeneration"] = generation
+    new["conditions"] = conditions.merge(current, updates, generation, now)
+    if good is not None:
+        previous = old.get("graph") or {}
+        new["graph"] = {
+            "name": good.graph.name,
+            "version": good.graph.version,
+            "digest": f"sha256:{good.digest}",
+            "shortDigest": good.digest[:12],
+            "applications": len(good.graph.applications),
+            "nodes": good.graph.node_count,
+        }
+        source = dict(old.get("source") or {})
+        if observed.etag:
+            source["etag"] = observed.etag
+        if previous.get("digest") != new["graph"]["digest"] or "lastFetchTime" not in source:
+            source["lastFetchTime"] = now
+        new["source"] = source
+    if observed.conflict is not None:  # the RayService of that name is someone else's: mirror nothing of it
+        new.pop("rayServiceName", None)
+        new.pop("applications", None)
+    elif observed.rayservice is not None:
+        new["rayServiceName"] = observed.rayservice
+        new["applications"] = dict(observed.applications or {})
+    if observed.upgrade:
+        new["upgrade"] = dict(observed.upgrade)
+    else:
+        new.pop("upgrade", None)
+    if observed.rollout is not None:
+        new["rollout"] = dict(observed.rollout)
+    if observed.history is not None:
+        new["history"] = [dict(h) for h in observed.history]
+    patch = merge_patch(old, new)
+    transitions = changed_conditions(current, new["conditions"]) if patch else []
+    warnings = [
+        Event("Warning", WARNINGS[c["type"]], f"{c['reason']}: {c['message']}")
+        for c in transitions
+        if c["status"] == "False" and c["type"] in WARNINGS
+    ]
+    return Report(new, patch, transitions, fold_events([*out.events, *warnings]))
+
+
+def changed_conditions(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Conditions of `after` that are new or differ from `before` in status, reason or message."""
+    changed = []
+    for cond in after:
+        prev = conditions.get(before, cond["type"])
+        if prev is None or (prev["status"], prev["reason"], prev["message"]) != (
+            cond["status"],
+            cond["reason"],
+            cond["message"],
+        ):
+            changed.append(cond)
+    return changed
+
+
+def fold_events(events: list[Event]) -> list[Event]:
+    """One Normal event per reconcile: "Applied" says what "Fetched" would, plus more.
+
+    Creating a ServeGraph then costs one Event, not two: at a thousand ServeGraphs
+    that is a thousand API writes saved.
+    """
+    normal = [e for e in events if e.type == "Normal"]
+    applied = next((e for e in normal if e.reason == "Applied"), None)
+    fetched = next((e for e in normal if e.reason == "Fetched"), None)
+    if applied and fetched:
+        normal = [Event("Normal", "Applied", f"{applied.message}: {fetched.message}")]
+    return normal + [e for e in events if e.type != "Normal"]
+
+
+def mirror_upgrade(rayservice: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """KubeRay's new-cluster upgrade in progress, or None.
+
+    While KubeRay builds a pending cluster for a changed cluster spec, the active one
+    keeps serving the previous version: the status must say so, not Ready.
+    """
+    status = (rayservice or {}).get("status") or {}
+    pending = status.get("pendingServiceStatus") or {}
+    upgrading = any(
+        c.get("type") == "UpgradeInProgress" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    active = (status.get("activeServiceStatus") or {}).get("rayClusterName")
+    # A pending cluster without an active one is the first cluster starting, not an upgrade.
+    if not upgrading and not (pending.get("rayClusterName") and active):
+        return None
+    apps = pending.get("applicationStatuses") or {}
+    out: dict[str, Any] = {
+        "activeRayCluster": active or "",
+        "pendingRayCluster": pending.get("rayClusterName", ""),
+        "applications": {name: (apps[name] or {}).get("status", "") for name in sorted(apps)},
+    }
+    return out
 
 
 def mirror_applications(rayservice: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -41,11 +237,25 @@ def mirror_applications(rayservice: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def ready_condition(graph: Graph | None, exists: bool, applications: Mapping[str, Any]) -> Condition:
+def ready_condition(
+    graph: Graph | None,
+    exists: bool,
+    applications: Mapping[str, Any],
+    upgrade: Mapping[str, Any] | None = None,
+) -> Condition:
     if graph is None:
         return Condition("Ready", False, "NoValidGraph", "no valid graph has been applied yet")
     if not exists:
         return Condition("Ready", False, "RayServiceMissing", "the RayService does not exist yet")
+    if upgrade:
+        pending = ", ".join(f"{a}: {s}" for a, s in upgrade["applications"].items()) or "no application status yet"
+        return Condition(
+            "Ready",
+            False,
+            "UpgradeInProgress",
+            f"KubeRay is starting Ray cluster {upgrade['pendingRayCluster'] or '(pending)'} for this version "
+            f"({pending}); {upgrade['activeRayCluster'] or 'the active cluster'} serves the previous one until then",
+        )
     expected = [a.name for a in graph.applications]
     missing = [a for a in expected if a not in applications]
     if len(missing) == len(expected):
@@ -80,18 +290,5 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch
 
 
-def contains(live: Any, desired: Any) -> bool:
-    """Whether `live` has every field `desired` sets, with the same value.
-
-    Fields the API server or KubeRay add (defaults, status) do not count as drift;
-    a changed or removed field of ours does.
-    """
-    if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
-    if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(live) == len(desired)
-            and all(contains(a, b) for a, b in zip(live, desired, strict=True))
-        )
-    return bool(live == desired)
+def _bool(word: str) -> bool | None:
+    return None if word == "Unknown" else word == "True"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from servegraph.graph import model
-from servegraph.render.workers import GiB, plan_worker_groups
+from servegraph.dag import model
+from servegraph.dag.args import refs
+from servegraph.graph.workers import GiB, plan_worker_groups
 
 
 def _kind(node: model.Node) -> str:
@@ -35,6 +36,22 @@ def _resources(node: model.Node) -> str:
     return " ".join([replicas, *parts])
 
 
+def _call_notes(node: model.Node) -> dict[str, str]:
+    """`timeout 0.5s, retries 1, optional` by child, for router edges called with options."""
+    kind = node.kind
+    if isinstance(kind, model.DeploymentKind):
+        return {}
+    notes: dict[str, str] = {}
+    for i, (_, child) in enumerate(refs(kind)):
+        call = kind.call(i)
+        parts = [f"timeout {call.timeout_s:g}s"] if call.timeout_s is not None else []
+        parts += [f"retries {call.retries}"] if call.retries else []
+        parts += ["optional"] if call.optional else []
+        if parts:
+            notes.setdefault(child, ", ".join(parts))
+    return notes
+
+
 def describe(graph: model.Graph) -> str:
     lines = [
         f"graph {graph.name} version {graph.version!r} (schema {graph.schema_version}): "
@@ -42,10 +59,15 @@ def describe(graph: model.Graph) -> str:
     ]
     for app in graph.applications:
         lines.append(f"application {app.name}  route {app.route_prefix}  ingress {app.ingress}")
+        if app.telemetry.forward_headers:
+            lines.append(f"  forwards headers {', '.join(app.telemetry.forward_headers)}")
+        if not app.telemetry.metrics:
+            lines.append("  router metrics off")
         for node in app.ordered_nodes():
             lines.append(f"  node {node.id}: {_kind(node)}  [{_resources(node)}]")
+            notes = _call_notes(node)
             for child in node.edges:
-                lines.append(f"    -> {child}")
+                lines.append(f"    -> {child}" + (f"  ({notes[child]})" if child in notes else ""))
     lines.append("worker groups")
     for plan in plan_worker_groups(graph):
         shape = f"cpu={plan.cpus:g} gpu={plan.gpus} mem={plan.memory_bytes / GiB:g}Gi"

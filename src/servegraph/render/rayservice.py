@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,18 +18,19 @@ from typing import Any
 import orjson
 
 from servegraph import __version__
-from servegraph.collector import collector_paused
-from servegraph.graph import model
+from servegraph.dag import model
+from servegraph.gcpause import gc_paused
+from servegraph.graph.workers import GiB, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
+from servegraph.names import MANAGED_BY, MANAGED_BY_LABEL, RAY_API_VERSION, RAY_KIND, SPEC_HASH_ANNOTATION
 from servegraph.render.serve_config import SERVE_HTTP_PORT, serve_config_yaml
-from servegraph.render.workers import GiB, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
+from servegraph.render.upgrade import stable_worker_groups
 
 DEFAULT_RAY_VERSION = "2.60.0"
+INCREMENTAL = "NewClusterWithIncrementalUpgrade"
 # Ray with the servegraph runtime installed (docker/ray.Dockerfile): the plain
 # rayproject/ray image cannot import servegraph.runtime:build. GPU graphs get
 # the image built on Ray's CUDA base.
 DEFAULT_IMAGE = f"ghcr.io/servegraph/servegraph-ray:{__version__}"
-SPEC_HASH_ANNOTATION = "servegraph.io/spec-hash"
-GRAPH_LABEL = "servegraph.io/graph"
 MAX_NAME = 47  # KubeRay rejects longer RayService names (derived object names must fit 63).
 HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
 
@@ -47,6 +49,35 @@ class PodOverrides:
 
 
 @dataclass(frozen=True)
+class UpgradeStrategy:
+    """KubeRay's spec.upgradeStrategy. The incremental type needs KubeRay's
+    RayServiceIncrementalUpgrade feature gate, the in-tree autoscaler (turned on for it)
+    and these options; the CRD's CEL rules require them together."""
+
+    type: str
+    gateway_class_name: str | None = None
+    max_surge_percent: int | None = None
+    step_size_percent: int | None = None
+    interval_seconds: int | None = None
+
+    @property
+    def incremental(self) -> bool:
+        return self.type == INCREMENTAL
+
+    def render(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.incremental:
+            options = {
+                "gatewayClassName": self.gateway_class_name,
+                "maxSurgePercent": self.max_surge_percent,
+                "stepSizePercent": self.step_size_percent,
+                "intervalSeconds": self.interval_seconds,
+            }
+            out["clusterUpgradeOptions"] = {k: v for k, v in options.items() if v is not None}
+        return out
+
+
+@dataclass(frozen=True)
 class RayServiceOptions:
     name: str
     namespace: str | None = None
@@ -55,10 +86,13 @@ class RayServiceOptions:
     ray_version: str | None = None
     head: PodOverrides = PodOverrides()
     workers: PodOverrides = PodOverrides()
-    upgrade_strategy: str | None = None
+    upgrade_strategy: UpgradeStrategy | str | None = None
     serve_service: Mapping[str, Any] | None = None
     suspend: bool | None = None
     owner_references: tuple[Mapping[str, Any], ...] = ()
+    previous_cluster: Mapping[str, Any] | None = None
+    """The running RayService's rayClusterConfig: worker groups keep its order (see
+    upgrade.stable_worker_groups), so a graph change does not force a new cluster."""
 
 
 def rayservice_name(name: str) -> str:
@@ -76,27 +110,36 @@ def rayservice_name(name: str) -> str:
     return f"{slug[: MAX_NAME - 9].rstrip('-')}-{digest}"
 
 
-@collector_paused
+@gc_paused
 def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[str, Any]:
     """The RayService manifest, with a spec-hash annotation over everything we own."""
     name = rayservice_name(options.name)
     plans = plan_worker_groups(graph)
-    default_image = DEFAULT_IMAGE + ("-gpu" if any(p.gpus for p in plans) else "")
-    image = options.image or graph.cluster.image or default_image
+    # Without an image given, GPU groups get the CUDA variant and the rest the plain one:
+    # adding a GPU node then leaves the head and CPU groups (and the cluster) as they are.
+    chosen = options.image or graph.cluster.image
     ray_version = options.ray_version or graph.cluster.ray_version or DEFAULT_RAY_VERSION
+    strategy = options.upgrade_strategy
+    if isinstance(strategy, str):
+        strategy = UpgradeStrategy(strategy)
     cluster: dict[str, Any] = {"rayVersion": ray_version}
-    if uses_autoscaling(graph):
+    if uses_autoscaling(graph) or (strategy is not None and strategy.incremental):
         cluster["enableInTreeAutoscaling"] = True
     cluster["headGroupSpec"] = {
         # Keep Serve replicas off the head: it runs the controller, GCS and dashboard.
         "rayStartParams": {"num-cpus": "0"},
-        "template": _head_template(image, options.head),
+        "template": _head_template(chosen or DEFAULT_IMAGE, options.head),
     }
-    cluster["workerGroupSpecs"] = [_worker_group(p, image, options.workers) for p in plans]
+    cluster["workerGroupSpecs"] = [
+        _worker_group(p, chosen or (DEFAULT_IMAGE + "-gpu" if p.gpus else DEFAULT_IMAGE), options.workers)
+        for p in plans
+    ]
+    if options.previous_cluster:
+        cluster["workerGroupSpecs"] = stable_worker_groups(options.previous_cluster, cluster)
 
     spec: dict[str, Any] = {}
-    if options.upgrade_strategy:
-        spec["upgradeStrategy"] = {"type": options.upgrade_strategy}
+    if strategy is not None:
+        spec["upgradeStrategy"] = strategy.render()
     if options.serve_service is not None:
         spec["serveService"] = dict(options.serve_service)
     if options.suspend is not None:
@@ -104,7 +147,7 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
     spec["serveConfigV2"] = serve_config_yaml(graph)
     spec["rayClusterConfig"] = cluster
 
-    labels = {**dict(graph.labels), **options.labels, "app.kubernetes.io/managed-by": "servegraph"}
+    labels = {**dict(graph.labels), **options.labels, MANAGED_BY_LABEL: MANAGED_BY}
     metadata: dict[str, Any] = {"name": name}
     if options.namespace:
         metadata["namespace"] = options.namespace
@@ -112,7 +155,7 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
     metadata["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(metadata["labels"], spec)}
     if options.owner_references:
         metadata["ownerReferences"] = [dict(o) for o in options.owner_references]
-    return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": metadata, "spec": spec}
+    return {"apiVersion": RAY_API_VERSION, "kind": RAY_KIND, "metadata": metadata, "spec": spec}
 
 
 def spec_hash(labels: Mapping[str, str], spec: Mapping[str, Any]) -> str:
@@ -135,10 +178,29 @@ def _container(
     container: dict[str, Any] = {"name": name, "image": image}
     if ports:
         container["ports"] = ports
-    container["resources"] = dict(overrides.resources) if overrides.resources is not None else dict(resources)
+    container["resources"] = _merged_resources(resources, overrides.resources)
     if overrides.env:
         container["env"] = [dict(e) for e in overrides.env]
     return container
+
+
+def _merged_resources(planned: Mapping[str, Any], override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The plan's requests and limits, with each resource the override names taken from it.
+
+    Per resource name, the override wins entirely (its request and its limit; one it
+    leaves out defaults as Kubernetes defaults it), and resources it does not name keep
+    the plan's values: shrinking cpu and memory can never silently drop a GPU group's
+    nvidia.com/gpu, nor leave a planned request above an overridden limit.
+    """
+    override = override or {}
+    named = {key for values in override.values() for key in values}
+    out: dict[str, Any] = {}
+    for kind in dict.fromkeys([*planned, *override]):
+        values = {k: v for k, v in (planned.get(kind) or {}).items() if k not in named}
+        values.update(override.get(kind) or {})
+        if values:
+            out[kind] = values
+    return out
 
 
 def _pod_spec(container: dict[str, Any], overrides: PodOverrides, node_selector: Mapping[str, str]) -> dict[str, Any]:
@@ -172,7 +234,9 @@ def _worker_group(plan: WorkerGroupPlan, image: str, overrides: PodOverrides) ->
         limits["nvidia.com/gpu"] = str(plan.gpus)
     start: dict[str, str] = {}
     if plan.custom_resources:
-        start["resources"] = json.dumps(dict(plan.custom_resources), sort_keys=True)
+        # KubeRay pastes each parameter into a bash command line (`--resources=VALUE`):
+        # unquoted, the JSON's braces and spaces would be split by the shell.
+        start["resources"] = shlex.quote(json.dumps(dict(plan.custom_resources), sort_keys=True))
     container = _container("ray-worker", image, {"requests": dict(limits), "limits": limits}, overrides, [])
     return {
         "groupName": plan.name,

@@ -3,7 +3,8 @@
 
 The wiring of each DAG travels in the application's `args` (Serve can only
 override options of deployments the application builds; it cannot bind them),
-and `servegraph.runtime:build` rebuilds the DAG from it inside Ray. The per-node
+written by `servegraph.dag.args` and read back by `servegraph.runtime:build`
+inside Ray. The per-node
 options go into `deployments`, where KubeRay users expect them and where a
 `user_config` change reaches replicas without a restart.
 """
@@ -17,10 +18,9 @@ from typing import Any
 import orjson
 import yaml
 
-from servegraph.collector import collector_paused
-from servegraph.graph import model
+from servegraph.dag import args, model
+from servegraph.gcpause import gc_paused
 
-RUNTIME_IMPORT_PATH = "servegraph.runtime:build"
 SERVE_HTTP_PORT = 8000
 
 _Base: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml is ~10x faster, same output
@@ -50,7 +50,7 @@ def render_serve_config(graph: model.Graph) -> dict[str, Any]:
     }
 
 
-@collector_paused
+@gc_paused
 def serve_config_yaml(graph: model.Graph) -> str:
     """The exact serveConfigV2 string: same graph, byte-identical text.
 
@@ -203,16 +203,12 @@ def _application(graph: model.Graph, app: model.Application) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": app.name,
         "route_prefix": app.route_prefix,
-        "import_path": RUNTIME_IMPORT_PATH,
+        "import_path": args.BUILDER,
     }
     env = _runtime_env(app.runtime_env)
     if env:
         out["runtime_env"] = env
-    out["args"] = {
-        "graph": {"name": graph.name, "version": graph.version},
-        "ingress": app.ingress,
-        "nodes": [_node_args(node) for node in app.ordered_nodes()],
-    }
+    out["args"] = args.encode(graph, app)
     out["deployments"] = [deployment_options(node) for node in app.ordered_nodes()]
     return out
 
@@ -228,40 +224,6 @@ def _runtime_env(env: model.RuntimeEnv) -> dict[str, Any]:
     if env.py_modules:
         out["py_modules"] = list(env.py_modules)
     return out
-
-
-def _arg(arg: model.Argument) -> dict[str, Any]:
-    if isinstance(arg, model.Ref):
-        return {"node": arg.node}
-    return {"value": arg.value}
-
-
-def _node_args(node: model.Node) -> dict[str, Any]:
-    """The runtime's view of a node: what to build and what to bind into it."""
-    kind = node.kind
-    body: dict[str, Any]
-    match kind:
-        case model.DeploymentKind():
-            body = {"import_path": kind.import_path}
-            if kind.args:
-                body["args"] = [_arg(a) for a in kind.args]
-            if kind.kwargs:
-                body["kwargs"] = {k: _arg(v) for k, v in kind.kwargs}
-            return {"id": node.id, "deployment": body}
-        case model.SequenceKind():
-            return {"id": node.id, "sequence": {"steps": list(kind.steps)}}
-        case model.EnsembleKind():
-            body = {"members": list(kind.members)}
-            if kind.combiner:
-                body["combiner"] = kind.combiner
-            return {"id": node.id, "ensemble": body}
-        case model.SwitchKind():
-            body = {"field": kind.field} if kind.field is not None else {"header": kind.header}
-            body["cases"] = [{"equals": v, "node": n} for v, n in kind.cases]
-            body["default"] = kind.default
-            return {"id": node.id, "switch": body}
-        case model.SplitterKind():
-            return {"id": node.id, "splitter": {"routes": [{"node": n, "weight": w} for n, w in kind.routes]}}
 
 
 def deployment_options(node: model.Node) -> dict[str, Any]:

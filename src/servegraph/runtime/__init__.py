@@ -1,8 +1,9 @@
 """servegraph's Ray Serve runtime: rebuilds a rendered DAG inside a Ray cluster.
 
 Runs where only `ray[serve]` is installed, so it imports nothing else of
-servegraph's dependencies. A Serve application rendered by servegraph has
-`import_path: servegraph.runtime:build` and the DAG in `args` (see `build`).
+servegraph's dependencies (`servegraph.dag` is standard library only). A Serve
+application rendered by servegraph has `import_path: servegraph.runtime:build`
+and the DAG in `args`, in the format of `servegraph.dag.args` (see `build`).
 
 How a request flows
 -------------------
@@ -16,9 +17,13 @@ How a request flows
     is the response: JSON, status 200; a result that is not JSON-serializable
     gives status 500 with `{"error": ...}`.
 * Routers call user deployments with the payload only:
-  `await handle.remote(payload)`, i.e. the deployment's `__call__(payload)`.
-  Routers call routers with `route(payload, headers)`, so headers reach a
-  `switch` at any depth.
+  `await handle.remote(payload)`, i.e. the deployment's `__call__(payload)`,
+  plus `headers=` (trace context and forwarded headers) when `__call__`
+  declares that keyword. Routers call routers with `route(payload, headers)`,
+  so headers reach a `switch` at any depth.
+* Each call is an edge: timeout per attempt and retries as the graph says,
+  metrics labelled with the graph's name and version, a span when
+  OpenTelemetry records (`calls.py`, `telemetry.py`).
 * `sequence`: each step's output is the next step's input; the last output
   is the result.
 * `ensemble`: members get the same payload concurrently; the result is
@@ -31,10 +36,12 @@ How a request flows
 * `splitter`: picks one route per request at random with the given weights.
 * A user deployment calling a router through a handle it was bound to gets the
   router's result as a Python value: `await router.remote(payload)`.
-* An exception in any node propagates to the ingress; Serve answers 500.
+* An exception in any node propagates to the ingress; Serve answers 500. A
+  node that timed out (and was not an optional ensemble member) gives a 504
+  naming it.
 """
 
+from servegraph.dag.args import BuildError
 from servegraph.runtime.builder import build
-from servegraph.runtime.spec import BuildError
 
 __all__ = ["BuildError", "build"]

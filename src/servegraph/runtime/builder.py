@@ -15,24 +15,25 @@ from typing import Any
 from ray import serve
 from ray.serve import Application, Deployment
 
+from servegraph.dag.args import BuildError, decode, refs
+from servegraph.dag.model import (
+    Argument,
+    Constant,
+    DeploymentKind,
+    EnsembleKind,
+    Node,
+    SequenceKind,
+    SplitterKind,
+    SwitchKind,
+)
+from servegraph.runtime.calls import Child
 from servegraph.runtime.routers import (
-    Child,
     EnsembleRouter,
     SequenceRouter,
     SplitterRouter,
     SwitchRouter,
 )
-from servegraph.runtime.spec import (
-    BuildError,
-    DeploymentNode,
-    EnsembleNode,
-    Literal,
-    Node,
-    SequenceNode,
-    SplitterNode,
-    SwitchNode,
-    parse_args,
-)
+from servegraph.runtime.telemetry import GraphContext
 
 
 def build(args: Mapping[str, Any]) -> Application:
@@ -42,59 +43,91 @@ def build(args: Mapping[str, Any]) -> Application:
     servegraph.runtime:build`). Raises BuildError listing every problem; Serve
     shows it as the application's DEPLOY_FAILED message.
     """
-    spec = parse_args(args)
-    routers = {n.id for n in spec.nodes if not isinstance(n, DeploymentNode)}
+    dag = decode(args)
+    context = GraphContext(dag.graph_name or "", dag.graph_version or "", dag.telemetry)
+    routers = {n.id for n in dag.nodes if not isinstance(n.kind, DeploymentKind)}
     bound: dict[str, Application] = {}
+    takes_headers: set[str] = set()
     problems: list[str] = []
-    for node in spec.nodes:
-        if any(ref not in bound for _, ref in node.refs()):
+    for node in dag.nodes:
+        if any(ref not in bound for _, ref in refs(node.kind)):
             continue  # a dependency already failed and was reported
         try:
-            bound[node.id] = _bind(node, bound, routers)
+            if isinstance(node.kind, DeploymentKind):
+                bound[node.id], asks = _bind_deployment(node.id, node.kind, bound)
+                if asks:
+                    takes_headers.add(node.id)
+            else:
+                bound[node.id] = _bind_router(node, bound, routers, takes_headers, context)
         except BuildError as e:
             problems.extend(e.problems)
     if problems:
         raise BuildError(problems)
-    return bound[spec.ingress]
+    return bound[dag.ingress]
 
 
-def _bind(node: Node, bound: Mapping[str, Application], routers: set[str]) -> Application:
-    def child(ref: str) -> Child:
-        return Child(id=ref, handle=bound[ref], router=ref in routers)
+def _bind_router(
+    node: Node, bound: Mapping[str, Application], routers: set[str], takes_headers: set[str], context: GraphContext
+) -> Application:
+    kind = node.kind
+    assert not isinstance(kind, DeploymentKind)
 
-    match node:
-        case DeploymentNode():
-            return _bind_deployment(node, bound)
-        case SequenceNode():
-            return _router(SequenceRouter, node.id).bind(node.id, [child(s) for s in node.steps])
-        case EnsembleNode():
-            combiner = child(node.combiner) if node.combiner is not None else None
-            return _router(EnsembleRouter, node.id).bind(node.id, [child(m) for m in node.members], combiner)
-        case SwitchNode():
-            cases = [(equals, child(ref)) for equals, ref in node.cases]
+    def child(index: int, ref: str) -> Child:
+        return Child(ref, bound[ref], ref in routers, kind.call(index), ref in takes_headers)
+
+    match kind:
+        case SequenceKind():
+            steps = [child(i, s) for i, s in enumerate(kind.steps)]
+            return _router(SequenceRouter, node.id).bind(node.id, steps, context=context)
+        case EnsembleKind():
+            members = [child(i, m) for i, m in enumerate(kind.members)]
+            combiner = child(len(members), kind.combiner) if kind.combiner is not None else None
+            return _router(EnsembleRouter, node.id).bind(node.id, members, combiner, context=context)
+        case SwitchKind():
+            cases = [(equals, child(i, ref)) for i, (equals, ref) in enumerate(kind.cases)]
+            default = child(len(cases), kind.default)
             return _router(SwitchRouter, node.id).bind(
-                node.id, cases, child(node.default), field=node.field, header=node.header
+                node.id, cases, default, field=kind.field, header=kind.header, context=context
             )
-        case SplitterNode():
-            return _router(SplitterRouter, node.id).bind(node.id, [(child(r), w) for r, w in node.routes])
+        case SplitterKind():
+            routes = [(child(i, r), w) for i, (r, w) in enumerate(kind.routes)]
+            return _router(SplitterRouter, node.id).bind(node.id, routes, context=context)
 
 
 def _router(cls: type, node_id: str) -> Deployment:
     return serve.deployment(name=node_id)(cls)
 
 
-def _bind_deployment(node: DeploymentNode, bound: Mapping[str, Application]) -> Application:
-    where = f'node "{node.id}", field deployment.import_path: {node.import_path!r}'
-    deployment = as_deployment(node.id, resolve_import_path(node.import_path, where), where)
-    args = [_value(a, bound) for a in node.args]
-    kwargs = {k: _value(a, bound) for k, a in node.kwargs}
-    check_arguments(deployment.func_or_class, args, kwargs, f'node "{node.id}"')
-    return deployment.bind(*args, **kwargs)
+def _bind_deployment(node_id: str, kind: DeploymentKind, bound: Mapping[str, Application]) -> tuple[Application, bool]:
+    """The bound deployment, and whether its `__call__` asks for the forwarded headers."""
+    where = f'node "{node_id}", field deployment.import_path: {kind.import_path!r}'
+    deployment = as_deployment(node_id, resolve_import_path(kind.import_path, where), where)
+    args = [_value(a, bound) for a in kind.args]
+    kwargs = {k: _value(a, bound) for k, a in kind.kwargs}
+    check_arguments(deployment.func_or_class, args, kwargs, f'node "{node_id}"')
+    return deployment.bind(*args, **kwargs), takes_headers(deployment.func_or_class)
 
 
-def _value(arg: Any, bound: Mapping[str, Application]) -> Any:
+def takes_headers(target: Any) -> bool:
+    """Whether user code declares a `headers` keyword on what a router calls (its `__call__`,
+    or the function itself): only then does it receive the forwarded headers, so code
+    written for plain Serve handles keeps working unchanged."""
+    method = target if inspect.isfunction(target) else getattr(target, "__call__", None)  # noqa: B004
+    if method is None or (inspect.isclass(target) and method is type.__call__):
+        return False
+    try:
+        parameter = inspect.signature(method).parameters.get("headers")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def _value(arg: Argument, bound: Mapping[str, Application]) -> Any:
     # A bound Application becomes the DeploymentHandle of that node when Serve builds the app.
-    return arg.value if isinstance(arg, Literal) else bound[arg.node]
+    return arg.value if isinstance(arg, Constant) else bound[arg.node]
 
 
 def resolve_import_path(import_path: str, where: str) -> Any:

@@ -3,7 +3,11 @@
 Routers talk to each other through `route(payload, headers)` so a header
 `switch` works anywhere below the ingress; user deployments are called with
 the payload alone (`handle.remote(payload)`), the way hand-written Serve code
-calls them. Only a router at the ingress sees the HTTP request.
+calls them, plus `headers=` (the trace context and the application's forwarded
+headers) when their `__call__` declares it. Only a router at the ingress sees
+the HTTP request. Every call a router makes goes through `Router.call`, which
+applies the edge's timeout and retries (`calls.py`) and records the edge's
+metrics and span (`telemetry.py`).
 """
 
 from __future__ import annotations
@@ -12,57 +16,92 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from servegraph.runtime.calls import Child, NodeTimeout, invoke, timeout_of
 from servegraph.runtime.payload import Headers, normalize_headers, payload_from_body, switch_value
+from servegraph.runtime.telemetry import HTTP_CALLER, EdgeMetrics, GraphContext, Spans, forwarded
+
+__all__ = [
+    "Child",
+    "EnsembleRouter",
+    "GraphContext",
+    "NodeTimeout",
+    "Router",
+    "SequenceRouter",
+    "SplitterRouter",
+    "SwitchRouter",
+    "json_response",
+]
 
 logger = logging.getLogger("ray.serve")
 
 
-@dataclass(frozen=True)
-class Child:
-    """A router's child: its node id, its handle, and whether it is a router too.
-
-    `handle` is a bound Application while building; Serve swaps it for a
-    DeploymentHandle before the router's constructor runs.
-    """
-
-    id: str
-    handle: Any
-    router: bool
-
-
-async def call(child: Child, payload: Any, headers: Headers) -> Any:
-    """Call one child: routers get the headers along, user code only the payload."""
-    if child.router:
-        return await child.handle.options(method_name="route").remote(payload, headers)
-    return await child.handle.remote(payload)
-
-
 class Router:
-    """HTTP entry point shared by all routers: request in, JSON out."""
+    """HTTP entry point shared by all routers: request in, JSON out; and the one way to call a child."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, context: GraphContext | None = None) -> None:
         self.node_id = node_id
+        self.context = context or GraphContext()
+        telemetry = self.context.telemetry
+        self.forward_names = telemetry.forward_headers
+        self.metrics = EdgeMetrics(self.context) if telemetry.metrics else None
+        self.spans = Spans(self.context.graph)
 
     async def __call__(self, request: Any) -> Any:
         # A user deployment may call a router through a plain handle too.
         if not isinstance(request, Request):
             return await self.route(request, {})
         payload = payload_from_body(await request.body())
-        result = await self.route(payload, normalize_headers(request.headers.items()))
+        headers = normalize_headers(request.headers.items())
+        start = time.perf_counter()
+        try:
+            with self.spans.hop(HTTP_CALLER, self.node_id, headers, server=True) as headers:
+                result = await self.route(payload, headers)
+        except Exception as e:
+            timed_out = timeout_of(e)
+            self._record_failure(HTTP_CALLER, self.node_id, timed_out)
+            if timed_out is None:
+                raise
+            logger.warning("servegraph node %r: %s", self.node_id, timed_out)
+            return json_response(self.node_id, timed_out.body(), status=504)
+        finally:
+            if self.metrics is not None:
+                self.metrics.call(HTTP_CALLER, self.node_id, time.perf_counter() - start)
         return json_response(self.node_id, result)
 
     async def route(self, payload: Any, headers: Headers) -> Any:
         raise NotImplementedError
 
+    async def call(self, child: Child, payload: Any, headers: Headers) -> Any:
+        """Call one child over its edge: timeout, retries, metrics, span, forwarded headers."""
+        start = time.perf_counter()
+        try:
+            with self.spans.hop(self.node_id, child.id, headers) as sent:
+                user_headers = forwarded(sent, self.forward_names) if child.takes_headers else sent
+                return await invoke(child, payload, sent, user_headers, self._retried)
+        except Exception as e:
+            self._record_failure(self.node_id, child.id, timeout_of(e))
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.call(self.node_id, child.id, time.perf_counter() - start)
 
-def json_response(node_id: str, result: Any) -> Response:
+    def _retried(self, node: str, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.retried(self.node_id, node, reason)
+
+    def _record_failure(self, caller: str, node: str, timed_out: NodeTimeout | None) -> None:
+        if self.metrics is not None:
+            self.metrics.failed(caller, node, "error" if timed_out is None else "timeout")
+
+
+def json_response(node_id: str, result: Any, status: int = 200) -> Response:
     """Encode a router's result as the HTTP response body; 500 with a reason if it is not JSON."""
     if isinstance(result, Response):
         return result
@@ -72,36 +111,67 @@ def json_response(node_id: str, result: Any) -> Response:
         logger.error("servegraph node %r: result is not JSON-serializable: %s", node_id, e)
         error = {"error": f"node {node_id!r}: result is not JSON-serializable: {e}"}
         return Response(json.dumps(error), status_code=500, media_type="application/json")
-    return Response(body, media_type="application/json")
+    return Response(body, status_code=status, media_type="application/json")
 
 
 class SequenceRouter(Router):
     """Calls the steps in order; each step's output is the next step's input."""
 
-    def __init__(self, node_id: str, steps: Sequence[Child]) -> None:
-        super().__init__(node_id)
+    def __init__(self, node_id: str, steps: Sequence[Child], context: GraphContext | None = None) -> None:
+        super().__init__(node_id, context)
         self.steps = list(steps)
 
     async def route(self, payload: Any, headers: Headers) -> Any:
         for step in self.steps:
-            payload = await call(step, payload, headers)
+            payload = await self.call(step, payload, headers)
         return payload
 
 
 class EnsembleRouter(Router):
-    """Calls the members concurrently; returns {member id: output} or the combiner's output of it."""
+    """Calls the members concurrently; returns {member id: output} or the combiner's output of it.
 
-    def __init__(self, node_id: str, members: Sequence[Child], combiner: Child | None = None) -> None:
-        super().__init__(node_id)
+    A required member that fails (after its retries) fails the ensemble at once and
+    the other members' calls are cancelled; an optional one gets, in place of its
+    output, what went wrong: `{"error": ..., "node": ..., "timed_out": ...}`.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        members: Sequence[Child],
+        combiner: Child | None = None,
+        context: GraphContext | None = None,
+    ) -> None:
+        super().__init__(node_id, context)
         self.members = list(members)
         self.combiner = combiner
 
     async def route(self, payload: Any, headers: Headers) -> Any:
-        outputs = await asyncio.gather(*(call(m, payload, headers) for m in self.members))
-        results = {m.id: out for m, out in zip(self.members, outputs, strict=True)}
+        tasks = [asyncio.ensure_future(self._member(m, payload, headers)) for m in self.members]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t for t in tasks if t in done and t.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:
+                task.cancel()
+        results = {m.id: t.result() for m, t in zip(self.members, tasks, strict=True)}
         if self.combiner is None:
             return results
-        return await call(self.combiner, results, headers)
+        return await self.call(self.combiner, results, headers)
+
+    async def _member(self, member: Child, payload: Any, headers: Headers) -> Any:
+        if not member.call.optional:
+            return await self.call(member, payload, headers)
+        try:
+            return await self.call(member, payload, headers)
+        except Exception as e:
+            timed_out = timeout_of(e)
+            if timed_out is not None:
+                return timed_out.body()
+            cause = getattr(e, "cause", None) or e
+            return {"error": f'node "{member.id}" failed: {type(cause).__name__}: {cause}', "node": member.id}
 
 
 class SwitchRouter(Router):
@@ -114,8 +184,9 @@ class SwitchRouter(Router):
         default: Child,
         field: str | None = None,
         header: str | None = None,
+        context: GraphContext | None = None,
     ) -> None:
-        super().__init__(node_id)
+        super().__init__(node_id, context)
         self.cases: dict[str, Child] = {}
         for equals, child in cases:
             self.cases.setdefault(equals, child)  # the first matching case wins
@@ -128,14 +199,14 @@ class SwitchRouter(Router):
         return self.default if value is None else self.cases.get(value, self.default)
 
     async def route(self, payload: Any, headers: Headers) -> Any:
-        return await call(self.choose(payload, headers), payload, headers)
+        return await self.call(self.choose(payload, headers), payload, headers)
 
 
 class SplitterRouter(Router):
     """Sends each request to one route at random, in proportion to the weights (canary, A/B)."""
 
-    def __init__(self, node_id: str, routes: Sequence[tuple[Child, int]]) -> None:
-        super().__init__(node_id)
+    def __init__(self, node_id: str, routes: Sequence[tuple[Child, int]], context: GraphContext | None = None) -> None:
+        super().__init__(node_id, context)
         self.children = [child for child, _ in routes]
         self.weights = [weight for _, weight in routes]
         # Traffic splitting needs uniformity, not unpredictability.
@@ -145,4 +216,4 @@ class SplitterRouter(Router):
         return self._rng.choices(self.children, weights=self.weights)[0]
 
     async def route(self, payload: Any, headers: Headers) -> Any:
-        return await call(self.choose(), payload, headers)
+        return await self.call(self.choose(), payload, headers)

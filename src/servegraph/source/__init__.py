@@ -1,5 +1,6 @@
 """The graph registry client: the only place servegraph talks to a registry."""
 
-from servegraph.source.fetch import Fetched, FetchError, FetchRequest, fetch, safe_url
+from servegraph.source.fetch import Fetched, FetchError, FetchRequest, Limits, RegistryClient
+from servegraph.source.guard import SourcePolicy, safe_url
 
-__all__ = ["FetchError", "FetchRequest", "Fetched", "fetch", "safe_url"]
+__all__ = ["FetchError", "FetchRequest", "Fetched", "Limits", "RegistryClient", "SourcePolicy", "safe_url"]

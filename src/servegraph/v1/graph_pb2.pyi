@@ -68,7 +68,7 @@ class WorkerGroupHint(_message.Message):
     def __init__(self, name: _Optional[str] = ..., gpu: _Optional[bool] = ..., accelerator_type: _Optional[str] = ..., cpus_per_worker: _Optional[float] = ..., gpus_per_worker: _Optional[int] = ..., memory_bytes_per_worker: _Optional[int] = ..., max_workers: _Optional[int] = ..., node_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Application(_message.Message):
-    __slots__ = ("name", "route_prefix", "ingress", "runtime_env", "nodes")
+    __slots__ = ("name", "route_prefix", "ingress", "runtime_env", "nodes", "telemetry")
     class NodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,12 +81,22 @@ class Application(_message.Message):
     INGRESS_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_ENV_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     name: str
     route_prefix: str
     ingress: str
     runtime_env: RuntimeEnv
     nodes: _containers.MessageMap[str, Node]
-    def __init__(self, name: _Optional[str] = ..., route_prefix: _Optional[str] = ..., ingress: _Optional[str] = ..., runtime_env: _Optional[_Union[RuntimeEnv, _Mapping]] = ..., nodes: _Optional[_Mapping[str, Node]] = ...) -> None: ...
+    telemetry: Telemetry
+    def __init__(self, name: _Optional[str] = ..., route_prefix: _Optional[str] = ..., ingress: _Optional[str] = ..., runtime_env: _Optional[_Union[RuntimeEnv, _Mapping]] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
+
+class Telemetry(_message.Message):
+    __slots__ = ("forward_headers", "disable_metrics")
+    FORWARD_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_METRICS_FIELD_NUMBER: _ClassVar[int]
+    forward_headers: _containers.RepeatedScalarFieldContainer[str]
+    disable_metrics: bool
+    def __init__(self, forward_headers: _Optional[_Iterable[str]] = ..., disable_metrics: _Optional[bool] = ...) -> None: ...
 
 class RuntimeEnv(_message.Message):
     __slots__ = ("pip", "env_vars", "working_dir", "py_modules")
@@ -167,10 +177,16 @@ class Argument(_message.Message):
     def __init__(self, value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., node: _Optional[_Union[NodeRef, _Mapping]] = ...) -> None: ...
 
 class NodeRef(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "timeout_s", "retries", "optional")
     ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONAL_FIELD_NUMBER: _ClassVar[int]
     id: str
-    def __init__(self, id: _Optional[str] = ...) -> None: ...
+    timeout_s: float
+    retries: int
+    optional: bool
+    def __init__(self, id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., retries: _Optional[int] = ..., optional: _Optional[bool] = ...) -> None: ...
 
 class Sequence(_message.Message):
     __slots__ = ("steps",)

@@ -1,0 +1,204 @@
+"""The runtime's arguments: how one application's DAG travels in a Serve config.
+
+A Serve config can override options of deployments an application builds, but
+cannot say who binds whom; so each application names `servegraph.runtime:build`
+as its builder and carries its DAG in `args`. The renderer writes the args with
+`encode` and the builder inside Ray reads them with `decode`: one codec, so the
+format is defined in one place and a round trip gives back the same DAG.
+
+`decode` re-checks everything, because the builder receives whatever a Serve
+config says (possibly hand-written, possibly from a newer renderer than the
+runtime in the image), and reports every problem at once, each naming its node.
+One node's entry is in `servegraph.dag.nodeargs`; this module is the
+application's format around it. Standard library only: this runs in the Ray image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from servegraph.dag.model import Application, Graph, Node, Telemetry
+from servegraph.dag.nodeargs import (
+    NODE_KINDS,
+    ROUTER_KINDS,
+    Problems,
+    decode_node,
+    encode_node,
+    refs,
+)
+
+__all__ = [
+    "BUILDER",
+    "NODE_KINDS",
+    "ROUTER_KINDS",
+    "AppArgs",
+    "BuildError",
+    "decode",
+    "encode",
+    "encode_node",
+    "refs",
+]
+
+BUILDER = "servegraph.runtime:build"
+"""The `import_path` of every application servegraph renders."""
+
+
+class BuildError(ValueError):
+    """The args cannot become a Serve application; `str()` lists every problem, one a line.
+
+    A ValueError so Serve reports it as the application's DEPLOY_FAILED message.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+_HEADER_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+"""RFC 9110 token characters, lower case: what a forwarded header's name may hold."""
+
+
+@dataclass(frozen=True)
+class AppArgs:
+    """One application's DAG as the builder sees it.
+
+    `nodes` are in topological order (dependencies first) and carry only their
+    id and kind: replicas, resources and the other options travel in the Serve
+    config's `deployments`, which Serve applies by deployment name = node id.
+    The graph's name and version label what the routers record.
+    """
+
+    ingress: str
+    nodes: tuple[Node, ...]
+    graph_name: str | None = None
+    graph_version: str | None = None
+    telemetry: Telemetry = field(default_factory=Telemetry)
+
+
+# -- encoding: the renderer's side ------------------------------------------------
+
+
+def encode(graph: Graph, app: Application) -> dict[str, Any]:
+    """The `args` of one application; key order is fixed so the rendered YAML is stable."""
+    out: dict[str, Any] = {
+        "graph": {"name": graph.name, "version": graph.version},
+        "ingress": app.ingress,
+        "nodes": [encode_node(node) for node in app.ordered_nodes()],
+    }
+    telemetry = _encode_telemetry(app.telemetry)
+    if telemetry:  # absent when default: older graphs render byte-identically
+        out["telemetry"] = telemetry
+    return out
+
+
+def _encode_telemetry(t: Telemetry) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if t.forward_headers:
+        out["forward_headers"] = list(t.forward_headers)
+    if not t.metrics:
+        out["metrics"] = False
+    return out
+
+
+# -- decoding: the builder's side -------------------------------------------------
+
+
+def decode(args: Mapping[str, Any]) -> AppArgs:
+    """The builder's args as an AppArgs, or BuildError naming every problem."""
+    p = Problems()
+    if not isinstance(args, Mapping):
+        raise BuildError([f"args: must be a mapping, got {type(args).__name__}"])
+    p.unknown_keys("args", args, {"graph", "ingress", "nodes", "telemetry"})
+    ingress = args.get("ingress")
+    if not isinstance(ingress, str) or not ingress:
+        p.add("args.ingress: must be a non-empty node id")
+    raw_nodes = args.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        p.add("args.nodes: must be a non-empty list")
+        raw_nodes = []
+
+    nodes: list[Node] = []
+    defined: set[str] = set()
+    all_ids = {i for i in map(_id_of, raw_nodes) if isinstance(i, str)}
+    for i, raw in enumerate(raw_nodes):
+        node = decode_node(p, f"args.nodes[{i}]", raw)
+        if node is None:
+            continue
+        if node.id in defined:
+            p.add(f'node "{node.id}": defined twice')
+            continue
+        for where, ref in refs(node.kind):
+            if ref == node.id:
+                p.add(f'node "{node.id}", field {where}: refers to itself')
+            elif ref not in all_ids:
+                p.add(f'node "{node.id}", field {where}: unknown node "{ref}"')
+            elif ref not in defined:
+                p.add(
+                    f'node "{node.id}", field {where}: node "{ref}" must be listed before '
+                    "the nodes that use it (topological order)"
+                )
+        defined.add(node.id)
+        nodes.append(node)
+
+    if isinstance(ingress, str) and ingress and raw_nodes and ingress not in defined:
+        p.add(f'args.ingress: unknown node "{ingress}"')
+    elif isinstance(ingress, str) and ingress in defined and not p.problems:
+        # Serve deploys only what the ingress reaches; a config entry for any
+        # other node would fail later with a less helpful message.
+        for node_id in sorted(defined - _reachable(nodes, ingress)):
+            p.add(f'node "{node_id}": not reachable from the ingress "{ingress}"; Serve would not deploy it')
+    telemetry = _decode_telemetry(p, args.get("telemetry", {}))
+    if p.problems:
+        raise BuildError(p.problems)
+    assert isinstance(ingress, str)
+    name, version = _graph_identity(args.get("graph"))
+    return AppArgs(ingress=ingress, nodes=tuple(nodes), graph_name=name, graph_version=version, telemetry=telemetry)
+
+
+def _graph_identity(raw: Any) -> tuple[str | None, str | None]:
+    """The graph's name and version, informational only: a config without them still builds."""
+    if not isinstance(raw, Mapping):
+        return None, None
+    name, version = raw.get("name"), raw.get("version")
+    return (name if isinstance(name, str) else None), (version if isinstance(version, str) else None)
+
+
+def _decode_telemetry(p: Problems, raw: Any) -> Telemetry:
+    if not isinstance(raw, Mapping):
+        p.add(f"args.telemetry: must be a mapping, got {type(raw).__name__}")
+        return Telemetry()
+    p.unknown_keys("args.telemetry", raw, {"forward_headers", "metrics"})
+    headers = raw.get("forward_headers", [])
+    names: list[str] = []
+    if not isinstance(headers, list):
+        p.add("args.telemetry.forward_headers: must be a list of header names")
+        headers = []
+    for i, name in enumerate(headers):
+        if not isinstance(name, str) or not name or not set(name) <= _HEADER_CHARS:
+            p.add(f"args.telemetry.forward_headers[{i}]: {name!r} is not a lower-case HTTP header name")
+        else:
+            names.append(name)
+    metrics = raw.get("metrics", True)
+    if not isinstance(metrics, bool):
+        p.add(f"args.telemetry.metrics: must be true or false, got {metrics!r}")
+        metrics = True
+    return Telemetry(forward_headers=tuple(names), metrics=metrics)
+
+
+def _id_of(raw: Any) -> Any:
+    return raw.get("id") if isinstance(raw, Mapping) else None
+
+
+def _reachable(nodes: list[Node], ingress: str) -> set[str]:
+    by_id = {n.id: n for n in nodes}
+    seen: set[str] = set()
+    todo = [ingress]
+    while todo:
+        node_id = todo.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        todo.extend(ref for _, ref in refs(by_id[node_id].kind))
+    return seen

@@ -1,0 +1,195 @@
+"""Size the Ray cluster's worker groups from the DAG's resource needs.
+
+Nodes are split into groups by what hardware they need (CPU only, any GPU, a
+given accelerator type), each group's pod shape fits its largest replica, and
+the worker counts come from the replicas x resources the group must hold at its
+minimum, initial and maximum scale. This is an estimate by aggregate demand;
+where any node autoscales, KubeRay's in-tree autoscaler adjusts within the
+bounds rendered here.
+
+Planning is part of validation (`validate.to_model` runs it): a graph whose
+replicas fit no worker cannot become a RayService, so it is refused where every
+other mistake is, by `servegraph validate` as by the operator.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from servegraph.dag import model
+from servegraph.graph.errors import GraphError, Problem, where
+
+GiB = 1024**3
+CPU_DEFAULTS = (4.0, 0, 16 * GiB)
+GPU_DEFAULTS = (8.0, 1, 32 * GiB)
+
+
+@dataclass(frozen=True)
+class WorkerGroupPlan:
+    name: str
+    cpus: float
+    gpus: int
+    memory_bytes: int
+    min_workers: int
+    initial_workers: int
+    max_workers: int
+    nodes: tuple[str, ...]
+    """`application/node` of every node the group hosts."""
+    custom_resources: tuple[tuple[str, float], ...] = ()
+    accelerator_type: str | None = None
+    node_selector: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class _Demand:
+    hint: model.WorkerGroupHint
+    nodes: list[tuple[str, model.Node]]
+
+
+def plan_worker_groups(graph: model.Graph) -> tuple[WorkerGroupPlan, ...]:
+    """One plan per group that hosts at least one node, in a stable order."""
+    groups: dict[str, _Demand] = {}
+    # Nodes with the same hardware class land in the same group: look it up once per class.
+    by_class: dict[tuple[bool, str | None], _Demand] = {}
+    for app in graph.applications:
+        for node in app.ordered_nodes():
+            r = node.resources
+            key = (r.num_gpus > 0, r.accelerator_type)
+            demand = by_class.get(key)
+            if demand is None:
+                hint = _hint_for(graph.cluster.worker_groups, r)
+                name = hint.name or _default_name(hint)
+                demand = by_class[key] = groups.setdefault(name, _Demand(hint, []))
+            demand.nodes.append((app.name, node))
+    plans = []
+    problems: list[Problem] = []
+    for name in sorted(groups):
+        plan = _plan(name, groups[name], problems)
+        if plan is not None:
+            plans.append(plan)
+    if problems:
+        raise GraphError(problems)
+    return tuple(plans)
+
+
+def uses_autoscaling(graph: model.Graph) -> bool:
+    return any(n.autoscaling is not None for a in graph.applications for n in a.nodes.values())
+
+
+def _hint_for(hints: tuple[model.WorkerGroupHint, ...], r: model.Resources) -> model.WorkerGroupHint:
+    needs_gpu = r.num_gpus > 0
+    for hint in hints:
+        if hint.accelerator_type:
+            if hint.accelerator_type == r.accelerator_type:
+                return hint
+        elif hint.gpu == needs_gpu and not (needs_gpu and r.accelerator_type):
+            return hint
+    return model.WorkerGroupHint(gpu=needs_gpu, accelerator_type=r.accelerator_type if needs_gpu else None)
+
+
+def _default_name(hint: model.WorkerGroupHint) -> str:
+    if hint.accelerator_type:
+        slug = re.sub(r"[^a-z0-9]+", "-", hint.accelerator_type.lower()).strip("-")[:15].strip("-")
+        return f"gpu-{slug}" if slug else "gpu"
+    return "gpu" if hint.gpu else "cpu"
+
+
+def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPlan | None:
+    hint = demand.hint
+    dflt_cpu, dflt_gpu, dflt_mem = GPU_DEFAULTS if hint.gpu else CPU_DEFAULTS
+    cpus = hint.cpus_per_worker or dflt_cpu
+    gpus = hint.gpus_per_worker or dflt_gpu
+    mem = hint.memory_bytes_per_worker or dflt_mem
+    custom: dict[str, float] = {}
+    ok = True
+    for app, node in demand.nodes:
+        r = node.resources
+        if hint.cpus_per_worker is None:
+            cpus = max(cpus, float(math.ceil(r.cpus)))
+        if hint.gpus_per_worker is None:
+            gpus = max(gpus, math.ceil(r.num_gpus))
+        if hint.memory_bytes_per_worker is None:
+            mem = max(mem, math.ceil(r.memory_bytes / GiB) * GiB)
+        for res, amount in r.custom:
+            custom[res] = max(custom.get(res, 0.0), float(math.ceil(amount)))
+        if r.cpus <= cpus and r.num_gpus <= gpus and r.memory_bytes <= mem:
+            continue
+        too_big = [
+            f"{what} {need:g} > {have:g}"
+            for what, need, have in (
+                ("num_cpus", r.cpus, cpus),
+                ("num_gpus", r.num_gpus, gpus),
+                ("memory_bytes", r.memory_bytes, mem),
+            )
+            if need > have
+        ]
+        problems.append(
+            Problem(
+                where(app=app, node=node.id, field="resources"),
+                f'one replica does not fit a worker of group "{name}": {", ".join(too_big)}',
+            )
+        )
+        ok = False
+    if not ok:
+        return None
+
+    counts = _workers(demand.nodes, cpus, gpus, mem, custom)
+    if counts is None:
+        problems.append(
+            Problem(
+                "", f'worker group "{name}": the replicas x resources of its nodes are too large to count workers for'
+            )
+        )
+        return None
+    lo, initial, hi = counts
+    if hint.max_workers is not None:
+        lo, initial, hi = (min(v, hint.max_workers) for v in (lo, initial, hi))
+    return WorkerGroupPlan(
+        name=name,
+        cpus=cpus,
+        gpus=gpus,
+        memory_bytes=mem,
+        min_workers=lo,
+        initial_workers=initial,
+        max_workers=hi,
+        nodes=tuple(f"{app}/{node.id}" for app, node in demand.nodes),
+        custom_resources=tuple(sorted(custom.items())),
+        accelerator_type=hint.accelerator_type,
+        node_selector=hint.node_selector,
+    )
+
+
+def _workers(
+    nodes: list[tuple[str, model.Node]], cpus: float, gpus: int, mem: int, custom: dict[str, float]
+) -> tuple[int, int, int] | None:
+    """Workers needed at the group's (minimum, initial, maximum) scale, in one pass over its nodes.
+
+    None when replicas x resources overflow a float.
+    """
+    total = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]  # per scale: cpu, gpu, memory
+    extra: list[dict[str, float]] = [{}, {}, {}]
+    spread = [0, 0, 0]  # workers forced by max_replicas_per_node
+    for _, node in nodes:
+        r = node.resources
+        cpu, gpu, memory = r.cpus, r.num_gpus, r.memory_bytes
+        for scale, replicas in enumerate(node.replica_range):
+            t = total[scale]
+            t[0] += replicas * cpu
+            t[1] += replicas * gpu
+            t[2] += replicas * memory
+            for res, amount in r.custom:
+                extra[scale][res] = extra[scale].get(res, 0.0) + replicas * amount
+            if node.max_replicas_per_node and replicas:
+                spread[scale] = max(spread[scale], math.ceil(replicas / node.max_replicas_per_node))
+    out = []
+    for scale in range(3):
+        cpu_sum, gpu_sum, memory_sum = total[scale]
+        ratios = [cpu_sum / cpus if cpus else 0.0, gpu_sum / gpus if gpus else 0.0, memory_sum / mem]
+        ratios += [amount / custom[res] for res, amount in extra[scale].items()]
+        worst = max(ratios)
+        if not math.isfinite(worst):
+            return None
+        out.append(max(spread[scale], math.ceil(worst - 1e-9)))
+    return out[0], out[1], out[2]

@@ -1,0 +1,39 @@
+"""Every name servegraph shares with Kubernetes: API groups, kinds, labels, annotations.
+
+A leaf on purpose (it imports nothing): the renderer, the Kubernetes client, the
+operator and the tests all spell these the same way by importing them from here,
+so renaming one cannot leave a watch filter or a field manager behind.
+"""
+
+from __future__ import annotations
+
+# The ServeGraph custom resource (config/crd).
+GROUP = "servegraph.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "servegraphs"
+KIND = "ServeGraph"
+
+# KubeRay's RayService, which the operator renders and applies.
+RAY_GROUP = "ray.io"
+RAY_VERSION = "v1"
+RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
+RAY_PLURAL = "rayservices"
+RAY_KIND = "RayService"
+
+# On every RayService the operator owns; the operator's RayService watch selects by it.
+GRAPH_LABEL = f"{GROUP}/graph"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "servegraph"
+
+# sha256 over what servegraph renders: equal hashes mean there is nothing to write.
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+# Set on a ServeGraph (by users or the events endpoint) to download its graph again.
+REFRESH_ANNOTATION = f"{GROUP}/refresh"
+
+# Server-side apply's field manager, and the component named on Events and in the user agent.
+FIELD_MANAGER = "servegraph-operator"
+
+# Where the operator runs by default (config/manager) and the Lease its replicas elect a leader with.
+OPERATOR_NAMESPACE = "servegraph-system"
+LEASE_NAME = "servegraph-operator"

@@ -1,0 +1,220 @@
+"""The operator as a running program: API client, registry client, graph parser, queue,
+workers, leader election, and the health/metrics and events servers, wired together.
+
+`start` is the one place the edges are chosen (the real Kubernetes client, the
+registry client under the administrator's source policy, the sandboxed parser);
+the reconciler itself only sees their interfaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from servegraph import __version__
+from servegraph.kube import KubeClient, KubeError, connect
+from servegraph.names import FIELD_MANAGER, LEASE_NAME, OPERATOR_NAMESPACE
+from servegraph.operator import secrets
+from servegraph.operator.cache import Key
+from servegraph.operator.events_endpoint import events_app
+from servegraph.operator.leader import LeaderElector, LeaseConfig
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.parsing import GraphParser
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.reconcile import Reconciler
+from servegraph.operator.secrets import SecretError, SecretKeyRef
+from servegraph.operator.worker import run_worker
+from servegraph.source import Limits, RegistryClient, SourcePolicy
+
+log = logging.getLogger("servegraph.operator")
+
+TOKEN_TTL_S = 10.0
+"""How long the events endpoint trusts its copy of the token Secret (rotation latency)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    kubeconfig: str | None = None
+    workers: int = 4
+    health_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes come from the kubelet and Prometheus
+    health_port: int = 8080
+    leader_elect: bool = False
+    lease_namespace: str = OPERATOR_NAMESPACE
+    lease_name: str = LEASE_NAME
+    # Unique per process (as client-go's `hostname_uuid`): a container restarted in the same
+    # pod must not resume a Lease its dead predecessor held, but wait for it like any standby.
+    identity: str = field(
+        default_factory=lambda: f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    )
+    events_host: str | None = None
+    events_port: int = 8081
+    events_token_secret: SecretKeyRef | None = None
+    policy: SourcePolicy = field(default_factory=SourcePolicy)
+    limits: Limits = field(default_factory=Limits)
+    fetches_per_namespace: int = 2
+
+
+@dataclass
+class EventsToken:
+    """The events endpoint's token, read on demand and kept `TOKEN_TTL_S`: the operator
+    watches no Secret, and may `get` this one even where it watches no namespace."""
+
+    kube: KubeClient
+    ref: SecretKeyRef | None
+    value: str | None = None
+    read_at: float = -1e9
+    warned: bool = False
+
+    async def get(self, mismatch: bool = False) -> str | None:
+        age = time.monotonic() - self.read_at
+        if age >= TOKEN_TTL_S or (mismatch and age >= 1.0):  # a mismatch re-reads at most once a second
+            await self.load()
+        return self.value
+
+    async def load(self) -> None:
+        self.read_at = time.monotonic()
+        if self.ref is None:
+            return
+        try:
+            token = secrets.value(self.ref, await self.kube.read_secret_data(self.ref.namespace, self.ref.name))
+        except (KubeError, SecretError) as exc:
+            if not self.warned:  # once per outage, not once per request
+                log.warning("events endpoint token unavailable (%s); the endpoint answers 401", exc.reason)
+            self.value, self.warned = None, True
+            return
+        self.value, self.warned = token.strip() or None, False
+
+
+@dataclass
+class Operator:
+    options: Options
+    reconciler: Reconciler
+    queue: WorkQueue[Key]
+    registry: RegistryClient
+    parser: GraphParser
+    kube: KubeClient
+    metrics: Metrics
+    runners: list[web.AppRunner] = field(default_factory=list)
+    workers: list[asyncio.Task[None]] = field(default_factory=list)
+    elector_task: asyncio.Task[None] | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    async def start_workers(self) -> None:
+        """Reconcile from now on; every known ServeGraph is queued, for what was missed."""
+        if not self.workers:
+            self.workers = [
+                asyncio.create_task(run_worker(self.reconciler, self.queue)) for _ in range(self.options.workers)
+            ]
+            self.reconciler.resync_all()
+
+    async def stop_workers(self) -> None:
+        """Stop acting at once: reset the API connections (what is in flight is dropped, not
+        delivered late), then cancel every reconcile, in-flight ones included."""
+        with contextlib.suppress(Exception):
+            await self.kube.abort_connections()
+        workers, self.workers = self.workers, []
+        for task in workers:
+            task.cancel()
+        for task in workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def stop(self) -> None:
+        if self.elector_task is not None:
+            self.elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.elector_task
+        await self.stop_workers()
+        for runner in self.runners:
+            await runner.cleanup()
+        await self.registry.close()
+        self.parser.close()
+        await self.kube.api.close()
+
+
+def health_app(metrics: Metrics) -> web.Application:
+    """/healthz and /readyz for the kubelet, /metrics for Prometheus."""
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def scrape(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/healthz", ok)
+    app.router.add_get("/readyz", ok)
+    app.router.add_get("/metrics", scrape)
+    return app
+
+
+async def _serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, runner.addresses[0][1]  # the bound port, also when `port` was 0
+
+
+async def cluster_policy(policy: SourcePolicy, kube: KubeClient) -> SourcePolicy:
+    """The administrator's policy plus what the cluster itself says must not be a graph
+    source: its API server as this client reaches it, and its Service range (ServiceCIDRs,
+    where the operator may list them: cluster-wide mode on Kubernetes 1.33+)."""
+    endpoints = [(ipaddress.ip_address(a.split("%")[0]), p) for a, p in await kube.api_server_endpoints()]
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    try:
+        networks = [ipaddress.ip_network(c, strict=False) for c in await kube.service_cidrs()]
+    except (KubeError, ValueError) as exc:
+        log.warning(
+            "cannot read the cluster's Service range (%s); deny it with --denied-source-networks",
+            getattr(exc, "reason", exc),
+        )
+    return policy.with_denied(networks, endpoints)
+
+
+async def start(options: Options) -> Operator:
+    api = await connect(options.kubeconfig)
+    # Audit logs then tell replicas apart, as they share one ServiceAccount.
+    api.user_agent = f"{FIELD_MANAGER}/{__version__} ({options.identity})"
+    kube = KubeClient(api)
+    metrics = Metrics()
+    queue: WorkQueue[Key] = WorkQueue()
+    policy = await cluster_policy(options.policy, kube)
+    log.info("graph sources: %s", policy.describe())
+    registry = RegistryClient(policy, observe=metrics.observe_fetch)
+    parser = GraphParser()
+    await parser.start()
+    reconciler = Reconciler(
+        kube,
+        registry.fetch,
+        metrics,
+        queue,
+        parser=parser.parse,
+        limits=options.limits,
+        fetches_per_namespace=options.fetches_per_namespace,
+    )
+    operator = Operator(options, reconciler, queue, registry, parser, kube, metrics)
+    runner, operator.ports["health"] = await _serve(health_app(metrics), options.health_host, options.health_port)
+    operator.runners.append(runner)
+    if options.events_host is not None:
+        token = EventsToken(kube, options.events_token_secret)
+        await token.load()
+        app = events_app(token.get, reconciler.cache.bodies, kube.annotate_servegraph)
+        runner, operator.ports["events"] = await _serve(app, options.events_host, options.events_port)
+        operator.runners.append(runner)
+    if options.leader_elect:
+        lease = LeaseConfig(options.lease_namespace, options.lease_name, options.identity)
+        elector = LeaderElector(api, lease, operator.start_workers, operator.stop_workers)
+        kube.may_write = elector.leading
+        operator.elector_task = asyncio.create_task(elector.run())
+    else:
+        await operator.start_workers()
+    return operator

@@ -1,0 +1,179 @@
+"""What the operator knows between reconciles, in memory only.
+
+Two kinds of state, both lost on restart and rebuilt from the watches' first
+list: what the watches delivered (ServeGraph bodies, the labelled RayServices
+condensed to `Live`), and what the reconcile remembers per ServeGraph (`Memory`:
+when to download, the last good graph, the RayService it rendered from it, the
+RayService name it claims). Keeping the watches' copies is what lets a steady
+cluster cost no API reads: a reconcile triggered by a status update reads the
+RayService from here.
+
+Everything is keyed by objects that exist: a deleted ServeGraph takes its memory,
+its claim and its RayService's record with it, and a deleted RayService nobody
+claims leaves nothing behind, so the cache does not grow as objects come and go.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from servegraph.dag.model import Graph
+from servegraph.operator.drift import Desired, Live
+from servegraph.operator.spec import Source
+from servegraph.operator.status import GoodGraph
+
+Key = tuple[str, str]
+"""(namespace, name) of a ServeGraph."""
+ObjectKey = tuple[str, str]
+"""(namespace, name) of a Secret or RayService."""
+
+
+class Unseen:
+    """A RayService the watch has not delivered (distinct from None: seen deleted)."""
+
+
+UNSEEN = Unseen()
+
+
+@dataclass
+class FetchState:
+    """When the next download is due and what it sends."""
+
+    source: Source | None = None
+    """The source of the last download attempt: a different one downloads at once."""
+    refresh: str | None = None
+    """The refresh annotation the last download saw: a new value downloads at once."""
+    force: bool = False
+    """Download on the next reconcile whatever the timers say (a referenced Secret changed)."""
+    retry_at: float = 0.0
+    """Monotonic time after which a failed download may be tried again; 0 when none failed."""
+    poll_due: float = 0.0
+    etag: str | None = None
+
+
+@dataclass
+class Memory:
+    """What the reconcile remembers of one ServeGraph."""
+
+    fetch: FetchState = field(default_factory=FetchState)
+    good: GoodGraph | None = None
+    """The last valid download: the candidate a rollout starts from."""
+    good_bytes: bytes | None = None
+    """Its bytes while small enough to keep for rollback (operator/store.py)."""
+    target: GoodGraph | None = None
+    """The graph the rollout runs (the candidate, or a kept one: rollback, pin)."""
+    desired: Desired | None = None
+    conditions: dict[str, str] = field(default_factory=dict)
+    """Condition type → status as last written, for the metrics."""
+    computed_for: dict[str, Source] = field(default_factory=dict)
+    """Condition type → the source it was last computed for: a condition not recomputed is still
+    current only while the spec names the same source (status.Observed.still_current)."""
+
+
+class WatchCache:
+    def __init__(self) -> None:
+        self._bodies: dict[Key, dict[str, Any]] = {}
+        self._memory: dict[Key, Memory] = {}
+        # None: deleted (kept only while a ServeGraph claims the name). Missing: never
+        # delivered, or deleted unclaimed (read once by the reconcile).
+        self._rayservices: dict[ObjectKey, Live | None] = {}
+        # RayService → the ServeGraph that renders it: two ServeGraphs naming one
+        # RayService must not take turns writing it.
+        self._claims: dict[ObjectKey, Key] = {}
+        # Valid graphs by sha256 of their bytes. The model is immutable, so ServeGraphs that
+        # download the same bytes (one graph in many namespaces) share one model and one
+        # parse; it is freed with the last ServeGraph that holds it.
+        self._graphs: weakref.WeakValueDictionary[str, Graph] = weakref.WeakValueDictionary()
+
+    # -- ServeGraphs -----------------------------------------------------------------
+
+    def put_servegraph(self, body: Mapping[str, Any]) -> Key:
+        """Keep the body; returns its key."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        self._bodies[key] = _slim(body)
+        return key
+
+    def forget_servegraph(self, key: Key) -> None:
+        self._bodies.pop(key, None)
+        self._memory.pop(key, None)
+        for rayservice in [rs for rs, owner in self._claims.items() if owner == key]:
+            del self._claims[rayservice]
+            if self._rayservices.get(rayservice, UNSEEN) is None:
+                del self._rayservices[rayservice]
+
+    def body(self, key: Key) -> dict[str, Any] | None:
+        return self._bodies.get(key)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return list(self._bodies.values())
+
+    def servegraph_keys(self) -> list[Key]:
+        return list(self._bodies)
+
+    def memory(self, key: Key) -> Memory:
+        """The reconcile's memory of a ServeGraph, empty the first time."""
+        return self._memory.setdefault(key, Memory())
+
+    def peek_memory(self, key: Key) -> Memory | None:
+        return self._memory.get(key)
+
+    def condition_pairs(self) -> Iterator[tuple[str, str]]:
+        for memory in list(self._memory.values()):
+            yield from memory.conditions.items()
+
+    # -- RayServices --------------------------------------------------------------------
+
+    def put_rayservice(self, rayservice: ObjectKey, live: Live | None) -> None:
+        """What a reconcile needs of a RayService; None once it is deleted (if claimed)."""
+        if live is None and rayservice not in self._claims:
+            self._rayservices.pop(rayservice, None)
+        else:
+            self._rayservices[rayservice] = live
+
+    def rayservice(self, rayservice: ObjectKey) -> Live | Unseen | None:
+        return self._rayservices.get(rayservice, UNSEEN)
+
+    def forget_rayservice(self, rayservice: ObjectKey) -> None:
+        """Read it again next time (an apply found it other than the cache said)."""
+        self._rayservices.pop(rayservice, None)
+
+    def claim(self, rayservice: ObjectKey, key: Key) -> Key | None:
+        """Claim a RayService name for a ServeGraph; returns the other ServeGraph that holds it, if one does."""
+        holder = self._claims.get(rayservice)
+        if holder is not None and holder != key and holder in self._bodies:
+            return holder
+        for other in [rs for rs, owner in self._claims.items() if owner == key and rs != rayservice]:
+            del self._claims[other]  # the ServeGraph now renders another name
+        self._claims[rayservice] = key
+        return None
+
+    def sizes(self) -> dict[str, int]:
+        """How many entries each per-object table holds: what must not grow as objects come and go."""
+        return {
+            "servegraphs": len(self._bodies),
+            "memory": len(self._memory),
+            "rayservices": len(self._rayservices),
+            "claims": len(self._claims),
+        }
+
+    # -- graphs ---------------------------------------------------------------------------
+
+    def graph(self, digest: str) -> Graph | None:
+        """A graph another ServeGraph downloaded with the same bytes, if one still holds it."""
+        return self._graphs.get(digest)
+
+    def share_graph(self, digest: str, graph: Graph) -> None:
+        self._graphs[digest] = graph
+
+
+def _slim(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A watched object without metadata.managedFields, which mirrors the whole spec
+    and is never read here: a third of the memory per ServeGraph at scale."""
+    out = dict(obj)
+    meta = out.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out

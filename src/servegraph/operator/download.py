@@ -1,0 +1,167 @@
+"""The fetch step of a reconcile: credentials, limits, the download and the parse.
+
+Every way it can fail ends in a `Fetched` (or `GraphValid`) condition that names
+it and a retry with backoff: a bad port, a broken CA bundle, a Secret that cannot
+be read, an error nobody foresaw. None of them may leave the ServeGraph looking
+downloaded and never try again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from servegraph.graph import GraphError
+from servegraph.kube import KubeError
+from servegraph.operator import store
+from servegraph.operator.cache import Memory, WatchCache
+from servegraph.operator.conditions import Condition
+from servegraph.operator.edges import Fetcher, Parser
+from servegraph.operator.secrets import SecretCache, SecretError
+from servegraph.operator.spec import Source
+from servegraph.operator.status import Event, GoodGraph, Outcome
+from servegraph.source import Fetched, FetchError, FetchRequest, Limits
+
+log = logging.getLogger("servegraph.operator")
+
+MAX_PROBLEMS_SHOWN = 20
+
+
+class ConfigMaps(Protocol):
+    async def read_configmap_key(self, namespace: str, name: str, key: str) -> str: ...
+
+
+class Downloader:
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        parser: Parser,
+        secrets: SecretCache,
+        configmaps: ConfigMaps,
+        limits: Limits,
+        cache: WatchCache,
+        min_retry_delay_s: float,
+    ) -> None:
+        self.fetcher = fetcher
+        self.parser = parser
+        self.secrets = secrets
+        self.configmaps = configmaps
+        self.limits = limits
+        self.cache = cache
+        self.min_retry_delay_s = min_retry_delay_s
+
+    async def run(
+        self, key: tuple[str, str], memory: Memory, source: Source, refresh: str | None, out: Outcome
+    ) -> None:
+        state = memory.fetch
+        now = time.monotonic()
+        etag = state.etag if state.source == source and memory.good is not None else None
+        state.source, state.refresh, state.force = source, refresh, False
+        if source.poll_interval_s:
+            state.poll_due = now + source.poll_interval_s
+        try:
+            got = await self._download(source, etag)
+        except Exception as exc:
+            out.fetched = _failure(key, exc)
+            # Retried on the queue's backoff; events arriving before its earliest retry do
+            # not fetch. Counted from the failure (a download with retries outlasts that),
+            # and never past the retry: a retry that skipped the fetch would be the last.
+            state.retry_at = time.monotonic() + self.min_retry_delay_s
+            out.retry = True
+            return
+        state.retry_at = 0.0
+        if got.not_modified:
+            out.fetched = Condition("Fetched", True, "NotModified", f"{got.url} has not changed (ETag {got.etag})")
+            return
+        if source.sha256 and got.digest != source.sha256:
+            out.fetched = Condition(
+                "Fetched",
+                False,
+                "DigestMismatch",
+                f"{got.url} served content with sha256 {got.digest}, not the pinned {source.sha256}",
+            )
+            state.etag = None
+            return
+        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}")
+        try:
+            graph = self.cache.graph(got.digest) or await self.parser(got.body, self._max_bytes(source))
+        except GraphError as exc:
+            out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
+            state.etag = None  # revalidate the next download in full
+            return
+        if memory.good is None or got.digest != memory.good.digest:
+            out.events.append(
+                Event("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}")
+            )
+        self.cache.share_graph(got.digest, graph)
+        memory.good, state.etag = GoodGraph(graph, got.digest), got.etag
+        memory.good_bytes = got.body if len(got.body) <= store.BUDGET else None  # kept for rollback
+        summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
+        out.valid = Condition("GraphValid", True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}")
+
+    def _max_bytes(self, source: Source) -> int:
+        return self.limits.clamp(source.timeout_s, source.max_bytes)[1]
+
+    async def _download(self, source: Source, etag: str | None) -> Fetched:
+        token, fresh = await self.secrets.value(source.token)
+        request = await self._request(source, token, etag)
+        try:
+            return await self.fetcher(request)
+        except FetchError as exc:
+            if exc.status not in (401, 403) or fresh:
+                raise
+        # The registry refused a token read a while ago: it may have been rotated since.
+        self.secrets.invalidate(*source.token.secret)
+        token, _ = await self.secrets.value(source.token)
+        return await self.fetcher(await self._request(source, token, etag))
+
+    async def _request(self, source: Source, token: str, etag: str | None) -> FetchRequest:
+        timeout_s, max_bytes = self.limits.clamp(source.timeout_s, source.max_bytes)
+        return FetchRequest(
+            url=source.url,
+            token=token,
+            etag=etag,
+            timeout_s=timeout_s,
+            max_bytes=max_bytes,
+            ca_pem=await self._ca(source),
+            allow_insecure_http=source.allow_insecure_http,
+        )
+
+    async def _ca(self, source: Source) -> str | None:
+        if source.ca_secret is not None:
+            return (await self.secrets.value(source.ca_secret))[0]
+        if source.ca_config_map is not None:
+            ref = source.ca_config_map
+            try:
+                return await self.configmaps.read_configmap_key(ref.namespace, ref.name, ref.key)
+            except KubeError as exc:
+                raise SecretError(f"CABundle{exc.reason}", str(exc)) from None
+        return None
+
+
+def _failure(key: tuple[str, str], exc: Exception) -> Condition:
+    """The Fetched condition for any failure; the unexpected ones are logged for the administrator."""
+    if isinstance(exc, FetchError):
+        if exc.detail != str(exc):
+            log.info("[%s/%s] download failed: %s", *key, exc.detail)
+        return Condition("Fetched", False, exc.reason, str(exc))
+    if isinstance(exc, SecretError):
+        reason = exc.reason if exc.reason.startswith("CABundle") else f"Secret{exc.reason}"
+        return Condition("Fetched", False, reason, str(exc))
+    if isinstance(exc, KubeError):
+        return Condition("Fetched", False, f"Secret{exc.reason}", str(exc))
+    log.error("[%s/%s] unexpected %s while downloading", *key, type(exc).__name__, exc_info=exc)
+    return Condition(
+        "Fetched",
+        False,
+        "InternalError",
+        f"unexpected {type(exc).__name__} while downloading; the operator's log has the details",
+    )
+
+
+def _problems(exc: GraphError) -> str:
+    lines = [str(p) for p in exc.problems]
+    if len(lines) > MAX_PROBLEMS_SHOWN:
+        lines = [*lines[:MAX_PROBLEMS_SHOWN], f"... and {len(lines) - MAX_PROBLEMS_SHOWN} more"]
+    return "; ".join(lines)

@@ -1,0 +1,156 @@
+"""Whether a live RayService is still what the operator applied (pure).
+
+Compared when the watch delivers the object, not on every reconcile: the result
+is kept as a small `Live` record, so a thousand RayServices are not held in
+memory and a reconcile triggered by KubeRay's status updates compares two keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from servegraph.names import KIND, SPEC_HASH_ANNOTATION
+from servegraph.operator.status import mirror_applications, mirror_upgrade
+
+MatchKey = tuple[Any, ...]
+"""(spec hash, owner uid) of a rendered RayService: equal keys, nothing to write."""
+
+
+@dataclass
+class Desired:
+    """The RayService rendered from the last good graph, and what it was rendered from."""
+
+    manifest: dict[str, Any]
+    render_key: tuple[Any, ...]
+    """(graph digest, ServeGraph uid, generation): render again when it changes."""
+    match_key: MatchKey
+    """(spec hash, owner uid): what a live RayService is compared by."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The controller owner reference of a RayService: who may write it."""
+
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Live:
+    """What a reconcile needs of a live RayService, kept instead of the object.
+
+    `matched` is the MatchKey of the desired RayService the object was found to
+    match when it was compared (None: it did not, or nothing was desired yet).
+    """
+
+    matched: MatchKey | None
+    applications: dict[str, Any]
+    compared: bool = True
+    """False when nothing was desired yet to compare with (the reconcile then reads it)."""
+    upgrade: dict[str, Any] | None = None
+    """KubeRay's new-cluster upgrade in progress, if any (status.mirror_upgrade)."""
+    owner: Owner | None = None
+    managers: tuple[str, ...] = ()
+    """The field managers that wrote it: who made it, when no controller owns it."""
+    settled: bool = False
+    """KubeRay has acted on the object's current spec (status.observedGeneration caught up)."""
+    cluster: dict[str, Any] | None = None
+    """The live rayClusterConfig: new renders keep its worker-group order, predictions read it."""
+    serve_config: str = ""
+    raw: dict[str, Any] | None = None
+    """The object itself, only while it was not compared (start-up): compared on first use."""
+
+
+def live_record(body: Mapping[str, Any], matched: MatchKey | None, compared: bool = True) -> Live:
+    """A `Live` from a RayService as the API server returned or the watch delivered it."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    owner = next(
+        (
+            Owner(str(o.get("kind", "")), str(o.get("name", "")), str(o.get("uid", "")))
+            for o in meta.get("ownerReferences") or ()
+            if o.get("controller")
+        ),
+        None,
+    )
+    managers = tuple(
+        sorted(
+            {
+                str(m["manager"])
+                for m in meta.get("managedFields") or ()
+                if m.get("manager") and not m.get("subresource")  # who wrote it, not KubeRay's status
+            }
+        )
+    )
+    return Live(
+        matched,
+        mirror_applications(body),
+        compared=compared,
+        upgrade=mirror_upgrade(body),
+        owner=owner,
+        managers=managers,
+        settled=int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0) > 0,
+        cluster=spec.get("rayClusterConfig"),
+        serve_config=spec.get("serveConfigV2") or "",
+        raw=None if compared else dict(body),
+    )
+
+
+def live_of(body: Mapping[str, Any], desired: Desired | None) -> Live:
+    """Condense a watched or read RayService, comparing it with the desired one if there is one yet."""
+    if desired is None:
+        return live_record(body, None, compared=False)
+    return live_record(body, desired.match_key if up_to_date(body, desired.manifest) else None)
+
+
+def conflict(live: Live, namespace: str, name: str, uid: str) -> str | None:
+    """Why the ServeGraph with this uid must not write the live RayService, or None.
+
+    Only the RayService's controller may write it: a RayService someone made by hand,
+    or one another ServeGraph controls, is refused rather than taken over.
+    """
+    if live.owner is not None and live.owner.kind == KIND and live.owner.uid == uid:
+        return None
+    where = f"RayService {namespace}/{name}"
+    if live.owner is not None:
+        return (
+            f"{where} is controlled by {live.owner.kind} {namespace}/{live.owner.name}, not this ServeGraph; "
+            "set spec.rayService.name to another name"
+        )
+    made = ", ".join(live.managers) or "another client"
+    return (
+        f"{where} exists and no ServeGraph controls it (written by {made}); delete it to let this ServeGraph "
+        "create its own, or set spec.rayService.name to another name"
+    )
+
+
+def up_to_date(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Our hash annotation matches and every field we render is still as rendered."""
+    lm, dm = live.get("metadata") or {}, desired["metadata"]
+    return (
+        (lm.get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == dm["annotations"][SPEC_HASH_ANNOTATION]
+        and contains(lm.get("labels") or {}, dm["labels"])
+        and contains(lm.get("ownerReferences") or [], dm.get("ownerReferences") or [])
+        and contains(live.get("spec") or {}, desired["spec"])
+    )
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """Whether `live` has every field `desired` sets, with the same value.
+
+    Fields the API server or KubeRay add (defaults, status) do not count as drift;
+    a changed or removed field of ours does.
+    """
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(contains(a, b) for a, b in zip(live, desired, strict=True))
+        )
+    return bool(live == desired)

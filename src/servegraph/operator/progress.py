@@ -1,0 +1,162 @@
+"""The reconcile's rollout step: decide (rollout.decide), keep graphs (store), find the target.
+
+Between the download and the render: which version to run is no longer simply "the
+last valid download" — a rollout in progress, a rollback or a pin decide it. This
+module gathers what `rollout.decide` needs, keeps the graphs a later rollback may
+need, and returns the graph to render. Its I/O is the store's ConfigMap, read only
+when a version not in memory must run (after a restart, for a rollback or a pin).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from servegraph.graph import GraphError
+from servegraph.kube import KubeError
+from servegraph.operator import store
+from servegraph.operator.cache import Memory
+from servegraph.operator.conditions import Condition
+from servegraph.operator.drift import Live
+from servegraph.operator.edges import Parser
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.rollout import (
+    FAILED,
+    PROGRESSING,
+    ROLLED_BACK,
+    SERVING,
+    SUPERSEDED,
+    Candidate,
+    Decision,
+    Health,
+    RolloutSpec,
+    decide,
+    kept_digests,
+)
+from servegraph.operator.spec import owner_reference
+from servegraph.operator.status import Event, GoodGraph, Outcome
+
+log = logging.getLogger("servegraph.operator")
+
+
+METRIC_OUTCOMES = {SERVING: "succeeded", FAILED: "failed", ROLLED_BACK: "rolled_back", SUPERSEDED: "superseded"}
+
+
+class Rollouts:
+    def __init__(
+        self,
+        api: store.ConfigMapApi,
+        parser: Parser,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.parser = parser
+        """Kept graphs are parsed as downloads are: off the event loop, with the graph limits."""
+        self.metrics = metrics
+        self.clock = clock
+        """Wall-clock seconds: rollout times are written to the status (RFC 3339)."""
+
+    async def plan(
+        self,
+        body: Mapping[str, Any],
+        memory: Memory,
+        rollout_spec: RolloutSpec,
+        source_url: str,
+        live: Live | None,
+        out: Outcome,
+        may_write: Callable[[], bool] = lambda: True,
+    ) -> tuple[GoodGraph | None, Decision]:
+        """(the graph to render and apply, the decision to report). `may_write` is asked
+        before the store is written (the ServeGraph may have gone meanwhile)."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        status = body.get("status") or {}
+        candidate = None
+        if memory.good is not None:
+            candidate = Candidate(memory.good.digest, memory.good.graph.version, source_url)
+        current = await self._graph(memory, ns, name, (status.get("rollout") or {}).get("digest"), out)
+        health = None
+        if live is not None:
+            expected = tuple(a.name for a in current.graph.applications) if current is not None else ()
+            health = Health(live.settled, live.applications, live.upgrade, expected)
+        history = status.get("history") or []
+        kept = [h["digest"] for h in history if h.get("rollbackAvailable")]
+        decision = decide(rollout_spec, candidate, status, kept, health, self.clock())
+        for type_, reason, message in decision.events:
+            out.events.append(Event(type_, reason, message))
+        if decision.progressing is not None:
+            out.progressing = decision.progressing
+        if decision.outcome is not None:
+            log.info("[%s/%s] rollout of %s: %s", ns, name, (decision.rollout or {}).get("version"), decision.outcome)
+        self._count(ns, name, decision, current, memory)
+        started = decision.history and "rollbackAvailable" not in decision.history[0]
+        if started:
+            await self._keep(body, memory, decision, out, may_write)
+        target = await self._graph(memory, ns, name, decision.target, out)
+        if decision.target is not None and target is None and not out.retry:
+            out.applied = Condition(
+                "Applied",
+                False,
+                "GraphUnavailable",
+                f"the graph {decision.target[:12]} to run is neither downloaded nor kept; "
+                "the RayService stays as it is",
+            )
+        memory.target = target
+        return target, decision
+
+    async def _graph(self, memory: Memory, ns: str, name: str, digest: str | None, out: Outcome) -> GoodGraph | None:
+        if digest is None:
+            return None
+        for known in (memory.good, memory.target):
+            if known is not None and known.digest == digest:
+                return known
+        try:
+            kept = await store.load(self.api, ns, name)
+        except KubeError as exc:
+            out.applied = Condition("Applied", False, "ReadFailed", f"cannot read the kept graphs: {exc}")
+            out.retry = True
+            return None
+        data = kept.get(digest)
+        if data is None:
+            return None
+        try:
+            return GoodGraph(await self.parser(data, store.BUDGET), digest)
+        except GraphError:  # kept before a stricter validator: not runnable any more
+            return None
+
+    def _count(self, ns: str, name: str, decision: Decision, current: GoodGraph | None, memory: Memory) -> None:
+        """The rollout's outcome in servegraph_graph_rollouts_total, labelled with the graph's name."""
+        if self.metrics is None:
+            return
+        graph = current or memory.good
+        graph_name = graph.graph.name if graph is not None else ""
+        if decision.outcome is not None:
+            self.metrics.record_rollout((ns, name), METRIC_OUTCOMES[decision.outcome], graph_name)
+        if decision.rollout is not None and decision.rollout.get("phase") == PROGRESSING:
+            self.metrics.rollout_started((ns, name), graph_name)
+
+    async def _keep(
+        self, body: Mapping[str, Any], memory: Memory, decision: Decision, out: Outcome, may_write: Callable[[], bool]
+    ) -> None:
+        """Store the new version's graph (and keep the others of the history); mark what is kept."""
+        meta = body["metadata"]
+        new = {}
+        if memory.good is not None and memory.good_bytes is not None:
+            new[memory.good.digest] = memory.good_bytes
+        ready = [h["digest"] for h in decision.history if h.get("readyAt")]
+        order = [*ready[:1], *kept_digests(decision.history)]
+        try:
+            kept = await store.keep(
+                self.api, meta["namespace"], meta["name"], owner_reference(body), order, new, may_write
+            )
+        except KubeError as exc:
+            log.warning("[%s/%s] cannot keep graphs for rollback: %s", meta["namespace"], meta["name"], exc)
+            kept = []
+            out.events.append(Event("Warning", "KeepFailed", f"cannot keep graphs for rollback: {exc}"))
+        for entry in decision.history:
+            entry["rollbackAvailable"] = entry["digest"] in kept
+        if memory.good is not None and memory.good.digest in kept:
+            memory.good_bytes = None  # in the store now: one copy per ServeGraph in memory is too many

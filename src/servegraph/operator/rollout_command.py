@@ -1,0 +1,197 @@
+"""`servegraph diff` (what an upgrade will make KubeRay do) and `servegraph rollback`.
+
+`diff` of two graph files needs nothing but the core; comparing with a live ServeGraph
+(`sg/NAME`) and `rollback` talk to the cluster, with the `operator` extra. Only the
+standard library at import time, so the CLI lists both without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from servegraph.extras import needs_extra
+from servegraph.names import GROUP, PLURAL, VERSION
+
+LIVE_PREFIXES = ("sg/", "servegraph/", "servegraphs/")
+
+
+def add_arguments(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "diff", help="what changes between two graphs, and whether KubeRay updates in place or starts a new cluster"
+    )
+    p.add_argument("old", help="a graph file, or sg/NAME for a live ServeGraph (its running RayService)")
+    p.add_argument("new", type=Path, help="a graph file")
+    p.add_argument("-n", "--namespace", default="default", help="namespace of sg/NAME")
+    p.add_argument("--name", help="RayService name for two files (default: the new graph's name)")
+    p.add_argument("--image", help="Ray image, for two files")
+    p.add_argument("--kubeconfig")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(func=diff)
+
+    p = subparsers.add_parser("rollback", help="run an earlier version of a ServeGraph (pins it in spec.rollout.pin)")
+    p.add_argument("name", help="the ServeGraph")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--to", metavar="VERSION|DIGEST", help="a version or (a prefix of) a digest in its history")
+    p.add_argument("--clear", action="store_true", help="remove the pin: follow the source again")
+    p.add_argument("--kubeconfig")
+    p.set_defaults(func=rollback)
+
+
+# ---- diff ------------------------------------------------------------------------------
+
+
+def diff(args: argparse.Namespace) -> int:
+    from servegraph.graph import load_graph
+    from servegraph.render import RayServiceOptions, render_rayservice
+    from servegraph.render.upgrade import predict
+
+    new_graph = load_graph(args.new)
+    if args.old.startswith(LIVE_PREFIXES):
+        old, options = asyncio.run(_live(args))
+    else:
+        old_graph = load_graph(Path(args.old))
+        options = RayServiceOptions(name=args.name or new_graph.name, image=args.image)
+        old = render_rayservice(old_graph, options)
+    previous = (old or {}).get("spec", {}).get("rayClusterConfig")
+    new = render_rayservice(new_graph, replace(options, previous_cluster=previous))
+    prediction = predict(old, new)
+    if args.output == "json":
+        print(json.dumps(_as_json(prediction), indent=2))
+        return 0
+    print(f"upgrade: {prediction.kind} — {prediction.summary()}")
+    for reason in prediction.reasons:
+        print(f"  - {reason}")
+    if prediction.applications:
+        print("applications:")
+    for app in prediction.applications:
+        print(f"  {app.name}: {app.change}")
+        for detail in app.details:
+            print(f"    - {detail}")
+    return 0
+
+
+def _as_json(prediction: Any) -> dict[str, Any]:
+    peak = prediction.extra_at_peak
+    return {
+        "kind": prediction.kind,
+        "summary": prediction.summary(),
+        "reasons": list(prediction.reasons),
+        "extraAtPeak": {"pods": peak.pods, "cpus": peak.cpus, "memoryBytes": peak.memory_bytes, "gpus": peak.gpus},
+        "applications": [
+            {"name": a.name, "change": a.change, "details": list(a.details)} for a in prediction.applications
+        ],
+    }
+
+
+async def _live(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
+    """The running RayService of sg/NAME and the render options its spec gives."""
+    with needs_extra("operator"):
+        from kubernetes_asyncio import client
+
+        from servegraph.kube.client import connect
+        from servegraph.operator.spec import owner_reference, parse_spec
+    name = args.old.split("/", 1)[1]
+    api = await connect(args.kubeconfig)
+    try:
+        custom = client.CustomObjectsApi(api)
+        body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, name)
+        if body is None:
+            raise SystemExit(f"servegraph diff: ServeGraph {args.namespace}/{name} not found")
+        spec = parse_spec(body.get("spec") or {}, args.namespace)
+        options = spec.rayservice_options(name, args.namespace, owner_reference(body))
+        rs_name = (body.get("status") or {}).get("rayServiceName") or options.name
+        live = await _get(custom, "ray.io", "v1", args.namespace, "rayservices", rs_name)
+    finally:
+        await api.close()
+    return live, options
+
+
+async def _get(custom: Any, group: str, version: str, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+    from kubernetes_asyncio.client.rest import ApiException
+
+    try:
+        resp = await custom.get_namespaced_custom_object(
+            group, version, namespace, plural, name, _preload_content=False
+        )
+        data: dict[str, Any] = json.loads(await resp.read())
+        return data
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise SystemExit(
+            f"servegraph: cannot read {plural} {namespace}/{name}: HTTP {exc.status} {exc.reason}"
+        ) from None
+
+
+# ---- rollback --------------------------------------------------------------------------
+
+
+def rollback(args: argparse.Namespace) -> int:
+    return asyncio.run(_rollback(args))
+
+
+async def _rollback(args: argparse.Namespace) -> int:
+    with needs_extra("operator"):
+        from kubernetes_asyncio import client
+
+        from servegraph.kube.client import connect
+    api = await connect(args.kubeconfig)
+    try:
+        custom = client.CustomObjectsApi(api)
+        body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, args.name)
+        if body is None:
+            print(f"servegraph rollback: ServeGraph {args.namespace}/{args.name} not found", file=sys.stderr)
+            return 2
+        if args.clear:
+            patch: dict[str, Any] = {"spec": {"rollout": {"pin": None}}}
+            message = "unpinned: it follows its source again"
+        else:
+            try:
+                entry = choose_version(body.get("status") or {}, args.to)
+            except LookupError as exc:
+                print(f"servegraph rollback: {exc}", file=sys.stderr)
+                return 2
+            patch = {"spec": {"rollout": {"pin": {"digest": f"sha256:{entry['digest']}"}}}}
+            message = (
+                f"pinned to version {entry['version']!r} ({entry['digest'][:12]}); `--clear` follows the source again"
+            )
+        await custom.patch_namespaced_custom_object(
+            GROUP, VERSION, args.namespace, PLURAL, args.name, patch, _content_type="application/merge-patch+json"
+        )
+    finally:
+        await api.close()
+    print(f"ServeGraph {args.namespace}/{args.name} {message}")
+    return 0
+
+
+def choose_version(status: dict[str, Any], wanted: str | None) -> dict[str, Any]:
+    """The history entry to pin: the given version or digest, else the last Ready one
+    before what runs now. LookupError says what the history holds."""
+    history = status.get("history") or []
+    current = (status.get("rollout") or {}).get("digest")
+    if wanted:
+        digest = wanted.removeprefix("sha256:")
+        matches = [
+            h for h in history if h["version"] == wanted or (len(digest) >= 7 and h["digest"].startswith(digest))
+        ]
+        unique = {h["digest"]: h for h in matches}
+        if len(unique) == 1:
+            entry: dict[str, Any] = next(iter(unique.values()))
+            if not entry.get("rollbackAvailable", True):
+                raise LookupError(f"version {entry['version']!r} is in the history but its graph was too large to keep")
+            return entry
+        if len(unique) > 1:
+            raise LookupError(f"{wanted!r} matches several versions: {', '.join(sorted(unique))}")
+    else:
+        for entry in history:
+            if entry["digest"] != current and entry.get("readyAt") and entry.get("rollbackAvailable", True):
+                return dict(entry)
+    known = ", ".join(f"{h['version']} ({h['digest'][:12]}, {h['outcome']})" for h in history) or "nothing"
+    what = f"no version or digest {wanted!r}" if wanted else "no earlier Ready version"
+    raise LookupError(f"{what} in the history; it holds: {known}")

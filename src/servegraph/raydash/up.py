@@ -1,0 +1,217 @@
+"""`servegraph up` / `servegraph down`: a graph file straight onto a Ray cluster.
+
+`up` renders the Serve config with the operator's renderer and sends exactly
+the parsed serveConfigV2 string through the dashboard's REST API — the same
+document and the same endpoint KubeRay uses — so what works here works in a
+RayService. Exit codes: 0 running, 1 failed or timed out, 2 nothing deployed
+(invalid graph, no dashboard, auth refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import yaml
+
+from servegraph.graph import GraphError, load_graph
+from servegraph.raydash.client import (
+    AppState,
+    DashboardError,
+    DashboardUnreachable,
+    RayDashboard,
+    ServeState,
+    resolve_token,
+    summarize_message,
+)
+from servegraph.raydash.command import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
+from servegraph.raydash.local import ensure_dashboard
+from servegraph.render.serve_config import serve_config_yaml
+
+FAILED = frozenset({"DEPLOY_FAILED", "UNHEALTHY"})
+_HEARTBEAT_S = 15.0
+
+
+def render(path: Path) -> tuple[str, dict[str, Any]]:
+    """The serveConfigV2 string for the graph at `path`, and the config `up` sends: its parse.
+
+    Sending the parse of the very string the operator puts in a RayService is
+    what makes `up` and the operator deploy the same thing.
+    """
+    text = serve_config_yaml(load_graph(path))
+    return text, yaml.safe_load(text)
+
+
+async def up(
+    path: Path,
+    *,
+    address: str = DEFAULT_ADDRESS,
+    token: str | None = None,
+    start_local: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        _, config = render(path)
+    except GraphError as e:
+        for problem in e.problems:  # the CLI's format: one problem a line
+            print(f"error: {path}: {problem}", file=err)
+        return 2
+    except OSError as e:
+        print(f"servegraph up: {path}: {e.strerror or e}", file=err)
+        return 2
+
+    try:
+        token = await ensure_dashboard(address, resolve_token(token), start_local=start_local, err=err)
+        async with RayDashboard(address, token) as dash:
+            print(f"servegraph up: deploying {_app_list(config)} to {address}", file=err, flush=True)
+            await dash.put_applications(config)
+            outcome = await wait_until_running(dash, _app_names(config), timeout_s=timeout_s, err=err)
+    except DashboardUnreachable as e:
+        hint = "" if start_local else " (add --start-local to start a local Ray head)"
+        print(f"servegraph up: {e}{hint}", file=err)
+        return 2
+    except DashboardError as e:
+        print(f"servegraph up: {e}", file=err)
+        return 2
+
+    if not outcome.ok:
+        for line in failure_report(outcome.state, _app_names(config), timed_out=outcome.timed_out, timeout_s=timeout_s):
+            print(line, file=err)
+        return 1
+    for name, url in route_urls(outcome.state, _app_names(config), address):
+        print(f"{name}: {url}", file=out)
+    return 0
+
+
+async def down(*, address: str = DEFAULT_ADDRESS, token: str | None = None, err: TextIO | None = None) -> int:
+    err = err or sys.stderr
+    try:
+        async with RayDashboard(address, resolve_token(token)) as dash:
+            names = sorted((await dash.get_applications()).applications)
+            await dash.delete_applications()
+    except DashboardError as e:
+        print(f"servegraph down: {e}", file=err)
+        return 2
+    print(f"servegraph down: removed {', '.join(names) or 'no applications'} from {address}", file=err)
+    return 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    timed_out: bool
+    state: ServeState
+
+
+async def wait_until_running(
+    dash: RayDashboard,
+    app_names: Sequence[str],
+    *,
+    timeout_s: float,
+    err: TextIO,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Outcome:
+    """Poll until every app is RUNNING or failed (DEPLOY_FAILED/UNHEALTHY), or time runs out.
+
+    Waiting for every app to settle, not just the first failure, lets one run
+    report every broken node. Prints a line whenever the picture changes, and a
+    heartbeat while it does not, so a slow image pull does not look like a hang.
+    """
+    start = clock()
+    state = ServeState(applications={}, http_host=None, http_port=None)
+    last_line, last_print = "", start
+    while True:
+        try:
+            state = await dash.get_applications()
+            line = progress_line(state, app_names)
+        except DashboardError as e:  # e.g. 503 while the GCS restarts: keep polling until the deadline
+            line = f"dashboard: {e}"
+        now = clock()
+        if line != last_line or now - last_print >= _HEARTBEAT_S:
+            print(f"[{now - start:5.0f}s] {line}", file=err, flush=True)
+            last_line, last_print = line, now
+        statuses = [_status(state, name) for name in app_names]
+        if all(s == "RUNNING" or s in FAILED for s in statuses):
+            return Outcome(ok=all(s == "RUNNING" for s in statuses), timed_out=False, state=state)
+        if now - start >= timeout_s:
+            return Outcome(ok=False, timed_out=True, state=state)
+        await asyncio.sleep(poll_s)
+
+
+def _status(state: ServeState, app: str) -> str:
+    found = state.applications.get(app)
+    return found.status if found else "NOT_STARTED"
+
+
+def progress_line(state: ServeState, app_names: Sequence[str]) -> str:
+    """One line for all apps: `app: STATUS (node STATUS, ...)`, nodes shown while not healthy."""
+    parts = []
+    for name in app_names:
+        app = state.applications.get(name)
+        if app is None:
+            parts.append(f"{name}: NOT_STARTED")
+            continue
+        pending = [f"{d.name} {d.status}" for d in app.deployments if d.status != "HEALTHY"]
+        parts.append(f"{name}: {app.status}" + (f" ({', '.join(pending)})" if pending else ""))
+    return "; ".join(parts)
+
+
+def failure_report(state: ServeState, app_names: Sequence[str], *, timed_out: bool, timeout_s: float) -> list[str]:
+    """What Ray says about every app that is not RUNNING, naming each failing node."""
+    lines = []
+    if timed_out:
+        lines.append(f"servegraph up: not RUNNING after {timeout_s:g}s")
+    for name in app_names:
+        app: AppState | None = state.applications.get(name)
+        if app is None:
+            lines.append(f'application "{name}": not reported by Ray')
+            continue
+        if app.status == "RUNNING":
+            continue
+        lines.append(f'application "{name}": {app.status}')
+        lines += _indent(summarize_message(app.message))
+        for dep in app.deployments:
+            if dep.status == "HEALTHY":
+                continue
+            why = f" ({dep.status_trigger})" if dep.status_trigger else ""
+            # The deployment name is the node id: that is what the graph author knows.
+            lines.append(f'  node "{dep.name}": {dep.status}{why}')
+            lines += _indent(summarize_message(dep.message), "    ")
+    return lines
+
+
+def _indent(text: str, prefix: str = "  ") -> list[str]:
+    return [prefix + line for line in text.splitlines() if line.strip()]
+
+
+def route_urls(state: ServeState, app_names: Sequence[str], address: str) -> list[tuple[str, str]]:
+    """Each app's URL: the dashboard's host (Serve's proxy runs on the head too) and Serve's HTTP port."""
+    host = urlsplit(address).hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    port = state.http_port or 8000
+    urls = []
+    for name in app_names:
+        app = state.applications.get(name)
+        prefix = (app.route_prefix if app else None) or "/"
+        urls.append((name, f"http://{host}:{port}{prefix}"))
+    return urls
+
+
+def _app_names(config: Mapping[str, Any]) -> list[str]:
+    return [str(app["name"]) for app in config.get("applications", [])]
+
+
+def _app_list(config: Mapping[str, Any]) -> str:
+    names = _app_names(config)
+    return f"application{'s' if len(names) != 1 else ''} {', '.join(names)}"

@@ -1,0 +1,306 @@
+"""What applying a new RayService will make KubeRay do, predicted from the two manifests (pure).
+
+The rules are KubeRay v1.6.2's own (controllers/ray/rayservice_controller.go:
+`shouldPrepareNewCluster`, `shouldUpdateCluster`, `isClusterSpecHashEqual`, and
+utils.GenerateHashWithoutReplicasAndWorkersToDelete):
+
+- The cluster spec is compared without worker replicas, min/max replicas,
+  workersToDelete, tolerations, scheduling gates and the upgrade strategy.
+- Equal: the running cluster stays as it is; a changed serveConfigV2 is pushed to it
+  in place. (Replica counts alone are not propagated to the RayCluster.)
+- Equal once the new spec's worker groups are cut to the old count (groups only
+  appended): KubeRay updates the running cluster in place, adding the groups.
+- Otherwise, with a zero-downtime strategy (`NewCluster`, the default, or
+  `NewClusterWithIncrementalUpgrade`): a whole new cluster next to the old one until
+  its applications are RUNNING — twice the pods at the peak. With `None`: nothing
+  happens to the cluster at all.
+
+`servegraph diff` prints the prediction; the operator posts it before applying an
+upgrade that needs a new cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import yaml
+
+SERVE_ONLY = "ServeConfigInPlace"
+NO_CHANGE = "NoChange"
+CLUSTER_IN_PLACE = "ClusterUpdatedInPlace"
+NEW_CLUSTER = "NewCluster"
+NOT_APPLIED = "ClusterChangeNotApplied"
+CREATE = "Create"
+
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Requests summed over pods: what the scheduler must find room for."""
+
+    pods: int = 0
+    cpus: float = 0.0
+    memory_bytes: float = 0.0
+    gpus: float = 0.0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            self.pods + other.pods,
+            self.cpus + other.cpus,
+            self.memory_bytes + other.memory_bytes,
+            self.gpus + other.gpus,
+        )
+
+    def describe(self) -> str:
+        gib = self.memory_bytes / 2**30
+        return f"{self.pods} pods, {self.cpus:g} CPUs, {gib:g} GiB, {self.gpus:g} GPUs"
+
+
+@dataclass(frozen=True)
+class AppChange:
+    name: str
+    change: str  # added, removed, changed
+    details: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Prediction:
+    kind: str
+    reasons: tuple[str, ...]
+    extra_at_peak: Resources
+    """Pods and requests that exist only during the upgrade (a new cluster, new groups)."""
+    applications: tuple[AppChange, ...] = field(default_factory=tuple)
+
+    @property
+    def new_cluster(self) -> bool:
+        return self.kind == NEW_CLUSTER
+
+    def summary(self) -> str:
+        what = {
+            CREATE: "creates the RayService and its first Ray cluster",
+            NO_CHANGE: "changes nothing KubeRay acts on",
+            SERVE_ONLY: "updates the Serve applications in place (same Ray cluster, no pod restarted)",
+            CLUSTER_IN_PLACE: "adds worker groups to the running Ray cluster in place",
+            NEW_CLUSTER: "starts a new Ray cluster beside the running one and switches traffic when it is ready",
+            NOT_APPLIED: "changes the cluster spec, which KubeRay does not apply with upgradeStrategy None",
+        }[self.kind]
+        extra = f"; extra at the peak: {self.extra_at_peak.describe()}" if self.extra_at_peak.pods else ""
+        return f"{what}{extra}"
+
+
+def predict(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Prediction:
+    """What KubeRay v1.6.2 does when the live RayService `old` becomes `new`."""
+    new_spec = new.get("spec") or {}
+    apps = tuple(application_changes(old, new))
+    if old is None:
+        return Prediction(CREATE, ("no RayService yet",), cluster_resources(new_spec["rayClusterConfig"]), apps)
+    old_spec = old.get("spec") or {}
+    new_cluster = new_spec.get("rayClusterConfig") or {}
+    old_raw = old_spec.get("rayClusterConfig") or {}
+    old_cluster = project(old_raw, new_cluster)
+    if _muted(old_cluster) == _muted(new_cluster):
+        serve_changed = old_spec.get("serveConfigV2") != new_spec.get("serveConfigV2")
+        kind = SERVE_ONLY if serve_changed else NO_CHANGE
+        reasons = ("the Ray cluster's spec is unchanged",) + (("serveConfigV2 changed",) if serve_changed else ())
+        return Prediction(kind, reasons, Resources(), apps)
+    reasons = tuple(cluster_differences(old_cluster, new_cluster))
+    old_groups = old_cluster.get("workerGroupSpecs") or []
+    new_groups = new_cluster.get("workerGroupSpecs") or []
+    if len(new_groups) > len(old_groups):
+        cut = {**new_cluster, "workerGroupSpecs": new_groups[: len(old_groups)]}
+        if _muted(cut) == _muted(project(old_raw, cut)):
+            added = Resources()
+            for group in new_groups[len(old_groups) :]:
+                added += _group_resources(group)
+            return Prediction(CLUSTER_IN_PLACE, reasons, added, apps)
+    strategy = (new_spec.get("upgradeStrategy") or {}).get("type") or "NewCluster"
+    if strategy == "None":
+        return Prediction(NOT_APPLIED, reasons, Resources(), apps)
+    return Prediction(NEW_CLUSTER, reasons, cluster_resources(new_cluster), apps)
+
+
+def stable_worker_groups(previous: Mapping[str, Any], canonical: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The canonical worker groups in the order the running cluster has them.
+
+    Groups it already has keep their place; new ones are appended; one no longer used
+    stays, parked at zero workers, so that adding a hardware class or moving a node
+    between classes is an in-place update for KubeRay instead of a new cluster. When
+    the head or a kept group changes anyway (a new cluster is coming regardless), the
+    canonical list is returned: the new cluster starts clean, without parked groups.
+    """
+    wanted = [dict(g) for g in canonical.get("workerGroupSpecs") or []]
+    kept = list(previous.get("workerGroupSpecs") or [])
+    by_name = {g["groupName"]: g for g in wanted}
+    ordered: list[dict[str, Any]] = []
+    for group in kept:
+        name = group.get("groupName")
+        if name in by_name:
+            ordered.append(by_name.pop(name))
+        else:
+            ordered.append({**copy.deepcopy(dict(group)), "replicas": 0, "minReplicas": 0, "maxReplicas": 0})
+    ordered += [g for g in wanted if g["groupName"] in by_name]
+    cut = {**canonical, "workerGroupSpecs": ordered[: len(kept)]}
+    if _muted(project(previous, cut)) != _muted(cut):
+        return wanted
+    return ordered
+
+
+def project(live: Any, shape: Any) -> Any:
+    """`live` cut to the keys `shape` has: what the API server and KubeRay add (schema
+    defaults, status-like fields) does not count as a difference. Lists of another
+    length are kept whole (they differ anyway)."""
+    if isinstance(shape, Mapping) and isinstance(live, Mapping):
+        return {k: project(live[k], v) for k, v in shape.items() if k in live}
+    if isinstance(shape, list) and isinstance(live, list) and len(shape) == len(live):
+        return [project(a, b) for a, b in zip(live, shape, strict=True)]
+    return live
+
+
+def _muted(cluster: Mapping[str, Any]) -> bytes:
+    """The cluster spec as KubeRay hashes it: replicas, scheduling extras and strategy left out."""
+    spec = copy.deepcopy(dict(cluster))
+    spec.pop("upgradeStrategy", None)
+    head = ((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
+    head.pop("tolerations", None)
+    head.pop("schedulingGates", None)
+    for group in spec.get("workerGroupSpecs") or []:
+        for key in ("replicas", "minReplicas", "maxReplicas"):
+            group.pop(key, None)
+        (group.get("scaleStrategy") or {}).pop("workersToDelete", None)
+        pod = (group.get("template") or {}).get("spec") or {}
+        pod.pop("tolerations", None)
+        pod.pop("schedulingGates", None)
+    return orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+
+
+def cluster_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> Iterable[str]:
+    """Human-readable reasons the cluster specs differ (what forces KubeRay's hand)."""
+    if old.get("rayVersion") != new.get("rayVersion"):
+        yield f"rayVersion {old.get('rayVersion')} -> {new.get('rayVersion')}"
+    if old.get("enableInTreeAutoscaling") != new.get("enableInTreeAutoscaling"):
+        yield "in-tree autoscaling turned " + ("on" if new.get("enableInTreeAutoscaling") else "off")
+    if orjson.dumps(old.get("headGroupSpec"), option=orjson.OPT_SORT_KEYS) != orjson.dumps(
+        new.get("headGroupSpec"), option=orjson.OPT_SORT_KEYS
+    ):
+        yield "head group changed"
+    old_groups = [g.get("groupName") for g in old.get("workerGroupSpecs") or []]
+    new_groups = [g.get("groupName") for g in new.get("workerGroupSpecs") or []]
+    if old_groups != new_groups:
+        yield f"worker groups {old_groups} -> {new_groups}"
+    by_name = {g.get("groupName"): g for g in old.get("workerGroupSpecs") or []}
+    for group in new.get("workerGroupSpecs") or []:
+        before = by_name.get(group.get("groupName"))
+        if before is not None and _muted({"workerGroupSpecs": [before]}) != _muted({"workerGroupSpecs": [group]}):
+            yield f"worker group {group.get('groupName')} changed"
+
+
+def cluster_resources(cluster: Mapping[str, Any]) -> Resources:
+    """Requests of the head and every worker group at its initial size."""
+    head = Resources(1, *_pod_requests((cluster.get("headGroupSpec") or {}).get("template") or {}))
+    total = head
+    for group in cluster.get("workerGroupSpecs") or []:
+        total += _group_resources(group)
+    return total
+
+
+def _group_resources(group: Mapping[str, Any]) -> Resources:
+    count = int(group.get("replicas", group.get("minReplicas", 0)) or 0)
+    cpus, memory, gpus = _pod_requests(group.get("template") or {})
+    return Resources(count, cpus * count, memory * count, gpus * count)
+
+
+def _pod_requests(template: Mapping[str, Any]) -> tuple[float, float, float]:
+    cpus = memory = gpus = 0.0
+    for container in (template.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        values = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        cpus += parse_quantity(values.get("cpu", 0))
+        memory += parse_quantity(values.get("memory", 0))
+        gpus += parse_quantity(values.get("nvidia.com/gpu", 0))
+    return cpus, memory, gpus
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes quantity ("300m", "2", "16Gi", 4) as a number; ValueError if it is not one."""
+    if isinstance(value, int | float):
+        return float(value)
+    m = _QUANTITY.match(str(value).strip())
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def application_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Iterable[AppChange]:
+    """Per application and deployment: what serveConfigV2 changes."""
+    before = _apps(old)
+    after = _apps(new)
+    for name in sorted(before.keys() | after.keys()):
+        if name not in before:
+            yield AppChange(name, "added", tuple(f"deployment {d}" for d in sorted(_deployments(after[name]))))
+        elif name not in after:
+            yield AppChange(name, "removed")
+        elif before[name] != after[name]:
+            yield AppChange(name, "changed", tuple(_app_details(before[name], after[name])))
+
+
+def _apps(rayservice: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    text = ((rayservice or {}).get("spec") or {}).get("serveConfigV2") or ""
+    config = yaml.safe_load(text) or {} if text else {}
+    return {a["name"]: a for a in config.get("applications") or []}
+
+
+def _deployments(app: Mapping[str, Any]) -> dict[str, Any]:
+    return {d["name"]: d for d in app.get("deployments") or []}
+
+
+def _app_details(old: Mapping[str, Any], new: Mapping[str, Any]) -> Iterable[str]:
+    for key in ("route_prefix", "import_path", "runtime_env"):
+        if old.get(key) != new.get(key):
+            yield f"{key} changed"
+    old_nodes = _nodes(old)
+    new_nodes = _nodes(new)
+    old_deps, new_deps = _deployments(old), _deployments(new)
+    for name in sorted(old_deps.keys() | new_deps.keys() | old_nodes.keys() | new_nodes.keys()):
+        if name not in old_deps and name not in old_nodes:
+            yield f"deployment {name} added"
+        elif name not in new_deps and name not in new_nodes:
+            yield f"deployment {name} removed"
+        else:
+            fields = sorted(
+                k
+                for k in (old_deps.get(name, {}).keys() | new_deps.get(name, {}).keys()) - {"name"}
+                if old_deps.get(name, {}).get(k) != new_deps.get(name, {}).get(k)
+            )
+            if old_nodes.get(name) != new_nodes.get(name):
+                fields.insert(0, "code or wiring")
+            if fields:
+                yield f"deployment {name}: {', '.join(fields)}"
+
+
+def _nodes(app: Mapping[str, Any]) -> dict[str, Any]:
+    """The DAG nodes in the application's args (servegraph.dag.args), by node id."""
+    args = app.get("args") or {}
+    nodes = args.get("nodes") if isinstance(args, Mapping) else None
+    if isinstance(nodes, Mapping):
+        return dict(nodes)
+    if isinstance(nodes, list):
+        return {n.get("id", str(i)): n for i, n in enumerate(nodes) if isinstance(n, Mapping)}
+    return {}

@@ -1,0 +1,126 @@
+"""One router → child call: the handle call itself, its timeout per attempt and its retries.
+
+A child that times out (after its retries) raises `NodeTimeout` naming it, through any
+number of routers above it: the ingress answers 504 and says which node it was. The
+call is cancelled in the child as well (best effort, as `DeploymentResponse.cancel`),
+so a cut branch stops using its replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from servegraph.dag.model import DEFAULT_CALL, Call
+from servegraph.runtime.payload import Headers
+
+
+@dataclass(frozen=True)
+class Child:
+    """A router's child: its node id, its handle, and how it is called.
+
+    `handle` is a bound Application while building; Serve swaps it for a
+    DeploymentHandle before the router's constructor runs. `router` children are
+    called with `route(payload, headers)`; user code with its payload alone, plus
+    `headers=` (the forwarded ones) when its `__call__` declares that keyword.
+    """
+
+    id: str
+    handle: Any
+    router: bool
+    call: Call = DEFAULT_CALL
+    takes_headers: bool = False
+
+
+class NodeTimeout(Exception):
+    """A node did not answer within its edge's `timeout_s`, on any of its attempts.
+
+    Not a TimeoutError: a router must tell its own edge's timeout apart from one that
+    happened further down and reached it through a handle.
+    """
+
+    def __init__(self, node: str, timeout_s: float, attempts: int) -> None:
+        self.node = node
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+        tries = "" if attempts == 1 else f" on each of {attempts} attempts"
+        super().__init__(f'node "{node}" timed out after {timeout_s:g} s{tries}')
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in one replica, re-raised in another: Ray pickles it on the way.
+        return (NodeTimeout, (self.node, self.timeout_s, self.attempts))
+
+    def body(self) -> dict[str, Any]:
+        """What the response (or an optional ensemble member's entry) says about it."""
+        return {"error": str(self), "node": self.node, "timed_out": True}
+
+
+def timeout_of(exc: BaseException) -> NodeTimeout | None:
+    """The NodeTimeout in `exc`: itself, or the cause Ray wrapped it in (RayTaskError)."""
+    for candidate in (exc, getattr(exc, "cause", None)):
+        if isinstance(candidate, NodeTimeout):
+            return NodeTimeout(candidate.node, candidate.timeout_s, candidate.attempts)
+    return None
+
+
+Observer = Callable[[str, str], None]
+"""Told (node, reason) of each failed attempt that is retried."""
+
+
+async def invoke(
+    child: Child,
+    payload: Any,
+    headers: Headers,
+    user_headers: Headers,
+    retried: Observer | None = None,
+) -> Any:
+    """Call `child` with its timeout and retries; the last attempt's failure propagates.
+
+    `headers` go to routers (all of the request's, for header switches at any depth),
+    `user_headers` to user code that asks for them.
+    """
+    call = child.call
+    attempts = call.retries + 1
+    for attempt in range(1, attempts + 1):
+        try:
+            return await _attempt(child, payload, headers, user_headers, call.timeout_s)
+        except _AttemptTimedOut:
+            assert call.timeout_s is not None
+            if attempt == attempts:
+                raise NodeTimeout(child.id, call.timeout_s, attempts) from None
+            reason = "timeout"
+        except Exception:
+            if attempt == attempts:
+                raise
+            reason = "error"
+        if retried is not None:
+            retried(child.id, reason)
+    raise AssertionError("unreachable")
+
+
+class _AttemptTimedOut(Exception):
+    """This edge's own timeout fired (as opposed to a NodeTimeout from further down)."""
+
+
+async def _attempt(child: Child, payload: Any, headers: Headers, user_headers: Headers, timeout_s: float | None) -> Any:
+    if child.router:
+        response = child.handle.options(method_name="route").remote(payload, headers)
+    elif child.takes_headers:
+        response = child.handle.remote(payload, headers=user_headers)
+    else:
+        response = child.handle.remote(payload)
+    if timeout_s is None:
+        return await response
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            return await response
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the child's own TimeoutError, not this edge's deadline
+        cancel = getattr(response, "cancel", None)
+        if cancel is not None:
+            cancel()
+        raise _AttemptTimedOut from None

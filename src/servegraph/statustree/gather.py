@@ -1,0 +1,130 @@
+"""What `servegraph status` reads: the ServeGraph, its RayService, its Events, and Ray
+Serve's own view of the active cluster — all through the API server, so it works from
+wherever kubectl does.
+
+Ray Serve is asked through the API server's service proxy to the RayService's head
+Service (`<rayservice>-head-svc`, port `dashboard`), the address KubeRay itself uses;
+without `services/proxy` permission, or when the dashboard wants a token, the tree
+shows the replicas the config asks for and says why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.rest import ApiException
+
+from servegraph.kube import connect
+from servegraph.names import GROUP, KIND, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
+from servegraph.statustree.tree import Snapshot
+
+SERVE_TIMEOUT_S = 5.0
+
+
+class NotFound(Exception):
+    """The ServeGraph does not exist."""
+
+
+class GatherError(Exception):
+    """The API server refused or failed a read the tree cannot do without; one line."""
+
+
+async def gather(
+    name: str, namespace: str | None, *, kubeconfig: str | None = None, live_replicas: bool = True
+) -> Snapshot:
+    namespace = namespace or default_namespace(kubeconfig)
+    api = await connect(kubeconfig)
+    try:
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        servegraph = await _read(
+            custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _preload_content=False),
+            f"ServeGraph {namespace}/{name}",
+        )
+        if servegraph is None:
+            raise NotFound(f"ServeGraph {namespace}/{name} not found")
+        rs_name = (servegraph.get("status") or {}).get("rayServiceName")
+        rayservice = None
+        if rs_name:
+            rayservice = await _read(
+                custom.get_namespaced_custom_object(
+                    RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, rs_name, _preload_content=False
+                ),
+                f"RayService {namespace}/{rs_name}",
+            )
+        selector = f"involvedObject.kind={KIND},involvedObject.name={name}"
+        events = await _read(
+            core.list_namespaced_event(namespace, field_selector=selector, _preload_content=False),
+            f"Events of ServeGraph {namespace}/{name}",
+        )
+        serve: dict[str, Any] | None = None
+        note: str | None = "not asked (--no-replicas)"
+        if live_replicas and rayservice is not None:
+            serve, note = await _serve_details(core, namespace, f"{rs_name}-head-svc")
+        elif rayservice is None:
+            note = "no RayService"
+        return Snapshot(servegraph, rayservice, (events or {}).get("items") or [], serve, note)
+    finally:
+        await api.close()
+
+
+def default_namespace(kubeconfig: str | None) -> str:
+    """The kubeconfig's current context's namespace, the pod's own in a cluster, else `default`."""
+    try:
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        namespace = (active or {}).get("context", {}).get("namespace")
+        if namespace:
+            return str(namespace)
+    except (config.ConfigException, OSError, TypeError):
+        pass
+    in_cluster = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return in_cluster.read_text().strip() if in_cluster.is_file() else "default"
+
+
+async def _read(call: Any, what: str) -> Any:
+    """One GET with the raw body (no model deserialization); None for 404."""
+    try:
+        resp = await call
+        body = await resp.read()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise GatherError(f"{what}: {exc.status} {exc.reason}") from None
+    if resp.status == 404:
+        return None
+    if not 200 <= resp.status < 300:
+        raise GatherError(f"{what}: HTTP {resp.status} {_message(body)}")
+    return json.loads(body)
+
+
+async def _serve_details(core: Any, namespace: str, service: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Ray Serve's applications document through the service proxy, or why it could not be read."""
+    try:
+        resp = await core.connect_get_namespaced_service_proxy_with_path(
+            f"{service}:dashboard",
+            namespace,
+            "api/serve/applications/",
+            _preload_content=False,
+            _request_timeout=SERVE_TIMEOUT_S,
+        )
+        body = await resp.read()
+    except ApiException as exc:
+        return None, f"the API server's service proxy answered {exc.status} {exc.reason}"
+    except (TimeoutError, OSError) as exc:
+        return None, f"Ray's dashboard did not answer through the service proxy ({type(exc).__name__})"
+    if resp.status != 200:
+        return None, f"the service proxy to Ray's dashboard answered HTTP {resp.status}"
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None, "Ray's dashboard answered something that is not JSON"
+    return (doc, None) if isinstance(doc, dict) else (None, "Ray's dashboard answered an unexpected document")
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        return ""

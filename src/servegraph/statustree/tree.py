@@ -1,0 +1,307 @@
+"""A ServeGraph drawn as its graph (pure): what `servegraph status` prints.
+
+The shape comes from the RayService's serveConfigV2 — the args the runtime builds
+from, decoded by the runtime's own codec — so the tree is what is deployed, not what
+a registry says now. Each node gets its deployment state as KubeRay mirrored it into
+the ServeGraph's status, its replicas (running/target from Ray Serve when reachable,
+else what the config asks for) and how its caller calls it; around the tree, what
+`kubectl describe` would say: the live graph, the last rollout, the conditions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from servegraph.dag.args import BuildError, decode, refs
+from servegraph.dag.model import (
+    Call,
+    DeploymentKind,
+    EnsembleKind,
+    Node,
+    NodeKind,
+    SequenceKind,
+    SplitterKind,
+    SwitchKind,
+)
+
+CONDITIONS = ("Fetched", "GraphValid", "Applied", "Ready", "Progressing")
+HISTORY_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the tree is drawn from, as the API server (and Ray Serve) returned it."""
+
+    servegraph: Mapping[str, Any]
+    rayservice: Mapping[str, Any] | None = None
+    events: Sequence[Mapping[str, Any]] = ()
+    serve: Mapping[str, Any] | None = None
+    """Ray Serve's `GET /api/serve/applications/` of the active cluster, when it could be read."""
+    serve_note: str | None = None
+    """Why there are no live replica counts (not asked, unreachable, refused)."""
+
+
+def render(snap: Snapshot, now: datetime) -> str:
+    sg = snap.servegraph
+    meta, status = sg.get("metadata") or {}, sg.get("status") or {}
+    lines = [f"Name:          {meta.get('name', '')}", f"Namespace:     {meta.get('namespace', '')}"]
+    ready = _condition(status, "Ready")
+    if ready:
+        lines.append(
+            f"Ready:         {ready.get('status')}  {ready.get('reason', '')}  "
+            f"(since {age(ready.get('lastTransitionTime'), now)})  {ready.get('message', '')}".rstrip()
+        )
+    graph = status.get("graph") or {}
+    if graph:
+        lines.append(
+            f"Graph:         {graph.get('name')}  version {graph.get('version')!r}  {graph.get('digest', '')}  "
+            f"({graph.get('applications')} applications, {graph.get('nodes')} nodes)"
+        )
+    else:
+        lines.append("Graph:         none applied yet")
+    rs = snap.rayservice
+    cluster = ((rs or {}).get("status") or {}).get("activeServiceStatus", {}).get("rayClusterName")
+    rs_name = status.get("rayServiceName")
+    lines.append(f"RayService:    {rs_name or '-'}" + (f"  (Ray cluster {cluster})" if cluster else ""))
+    rollout = status.get("rollout")
+    if rollout:
+        lines.append(f"Rollout:       {rollout_line(rollout, now)}")
+    else:
+        lines.append(f"Last rollout:  {last_rollout(snap.events, now)}")
+    upgrade = status.get("upgrade")
+    if upgrade:
+        pending = ", ".join(f"{a}: {s}" for a, s in (upgrade.get("applications") or {}).items()) or "starting"
+        lines.append(
+            f"Upgrade:       Ray cluster {upgrade.get('pendingRayCluster') or '(pending)'} ({pending}); "
+            f"{upgrade.get('activeRayCluster') or 'the active cluster'} serves the previous version"
+        )
+    lines += ["Conditions:", *_conditions(status, now)]
+    history = status.get("history") or []
+    if history:
+        lines += ["History:", *_history(history, now)]
+    lines.append("Graph as deployed:")
+    lines += graph_tree(snap)
+    return "\n".join(lines) + "\n"
+
+
+def age(timestamp: str | None, now: datetime) -> str:
+    """`3m`, `2h`, like kubectl's AGE; `?` for a missing or unreadable time."""
+    if not timestamp:
+        return "?"
+    try:
+        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "?"
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * 2 or (unit == "m" and seconds >= size):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def rollout_line(rollout: Mapping[str, Any], now: datetime) -> str:
+    """status.rollout in one line: which version, how it stands, why it started."""
+    text = f"version {rollout.get('version')!r} {rollout.get('phase', '')}"
+    if rollout.get("cause") == "rollback":
+        text += f" (rolling back from {str(rollout.get('from', ''))[:12]})"
+    elif rollout.get("cause") == "pin":
+        text += " (pinned)"
+    text += f", started {age(rollout.get('startedAt'), now)} ago"
+    if rollout.get("readyAt"):
+        text += f", Ready {age(rollout['readyAt'], now)} ago"
+    if rollout.get("message"):
+        text += f": {rollout['message']}"
+    return text
+
+
+def _history(history: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    rows = [
+        (
+            repr(h.get("version")),
+            h.get("outcome", ""),
+            str(h.get("digest", ""))[:12],
+            age(h.get("appliedAt"), now),
+            age(h.get("readyAt"), now) if h.get("readyAt") else "-",
+            str(h.get("message") or "")[:100],
+        )
+        for h in history[:HISTORY_SHOWN]
+    ]
+    return _table([("VERSION", "OUTCOME", "DIGEST", "APPLIED", "READY", "MESSAGE"), *rows], indent="  ")
+
+
+def last_rollout(events: Sequence[Mapping[str, Any]], now: datetime) -> str:
+    """The newest `Applied` Event the operator posted: when and what it applied."""
+    applied = [e for e in events if e.get("reason") == "Applied"]
+    if not applied:
+        return "none recorded (Events expire after an hour by default)"
+    event = max(applied, key=_event_time)
+    return f"{age(_event_time(event), now)} ago: {event.get('message', '')}"
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    meta = event.get("metadata") or {}
+    return str(event.get("lastTimestamp") or event.get("eventTime") or meta.get("creationTimestamp") or "")
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    found: Mapping[str, Any] = next((c for c in status.get("conditions") or () if c.get("type") == kind), {})
+    return found
+
+
+def _conditions(status: Mapping[str, Any], now: datetime) -> list[str]:
+    rows = [
+        (c["type"], c.get("status", ""), c.get("reason", ""), age(c.get("lastTransitionTime"), now), c.get("message"))
+        for kind in CONDITIONS
+        if (c := _condition(status, kind))
+    ]
+    return _table([("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"), *rows], indent="  ") if rows else ["  none yet"]
+
+
+def _table(rows: Sequence[Sequence[Any]], indent: str = "") -> list[str]:
+    cells = [[str(c) if c is not None else "" for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip() for r in cells]
+
+
+# -- the graph ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _App:
+    name: str
+    route: str
+    ingress: str
+    nodes: Mapping[str, Node]
+    options: Mapping[str, Mapping[str, Any]]
+    """The Serve config's deployment options by node id (replicas)."""
+
+
+def graph_tree(snap: Snapshot) -> list[str]:
+    config_text = ((snap.rayservice or {}).get("spec") or {}).get("serveConfigV2")
+    if not config_text:
+        return ["  no RayService (or no serveConfigV2) yet"]
+    out: list[str] = []
+    if snap.serve is None and snap.serve_note:
+        out.append(f"  (replicas: what the config asks for; live counts unavailable: {snap.serve_note})")
+    status_apps = (snap.servegraph.get("status") or {}).get("applications") or {}
+    serve_apps = (snap.serve or {}).get("applications") or {}
+    for raw in (yaml.safe_load(config_text) or {}).get("applications") or []:
+        name = str(raw.get("name", ""))
+        app_status = status_apps.get(name) or {}
+        out.append(f"{name}  {raw.get('route_prefix', '')}  {app_status.get('status', 'NOT REPORTED')}")
+        if app_status.get("message"):
+            out.append(f"  ! {_first_line(app_status['message'])}")
+        try:
+            decoded = decode(raw.get("args") or {})
+        except BuildError as exc:
+            out.append(f"  cannot read the graph from serveConfigV2: {exc.problems[0]}")
+            continue
+        options = {str(d.get("name")): d for d in raw.get("deployments") or [] if isinstance(d, Mapping)}
+        app = _App(name, raw.get("route_prefix", ""), decoded.ingress, {n.id: n for n in decoded.nodes}, options)
+        rows: list[tuple[str, ...]] = [("NODE", "KIND", "STATE", "REPLICAS", "")]
+        notes: list[tuple[int, str]] = []
+        _walk(app, app.ingress, "", "", None, set(), rows, notes, app_status, serve_apps.get(name) or {})
+        table = _table(rows, indent="  ")
+        for i, line in enumerate(table):
+            out.append(line)
+            out.extend(f"  {' ' * 4}! {note}" for at, note in notes if at == i)
+    return out
+
+
+def _walk(
+    app: _App,
+    node_id: str,
+    prefix: str,
+    branch: str,
+    label: str | None,
+    seen: set[str],
+    rows: list[tuple[str, ...]],
+    notes: list[tuple[int, str]],
+    app_status: Mapping[str, Any],
+    serve_app: Mapping[str, Any],
+) -> None:
+    node = app.nodes.get(node_id)
+    title = f"{prefix}{branch}{node_id}" + (f" {label}" if label else "")
+    if node is None:
+        rows.append((title, "?", "", "", "not in the deployed config"))
+        return
+    if node_id in seen:
+        rows.append((title, _kind(node.kind), "", "", "(shown above)"))
+        return
+    seen.add(node_id)
+    deployment = (app_status.get("deployments") or {}).get(node_id) or {}
+    state = deployment.get("status", "")
+    rows.append((title, _kind(node.kind), state, _replicas(app, node_id, serve_app), ""))
+    if deployment.get("message") and state != "HEALTHY":
+        notes.append((len(rows) - 1, _first_line(deployment["message"])))
+    children = _children(node)
+    for i, (child, child_label, call) in enumerate(children):
+        last = i == len(children) - 1
+        extra = _call_text(call)
+        full_label = " ".join(x for x in (child_label, extra) if x) or None
+        deeper = prefix + ("" if not branch else ("   " if branch == "└─ " else "│  "))
+        _walk(app, child, deeper, "└─ " if last else "├─ ", full_label, seen, rows, notes, app_status, serve_app)
+
+
+def _children(node: Node) -> list[tuple[str, str, Call | None]]:
+    """(child id, what the edge is, its call options) in the order the node calls them."""
+    kind = node.kind
+    if isinstance(kind, DeploymentKind):
+        return [(ref, "(handle)", None) for _, ref in refs(kind)]
+    labels: list[str]
+    match kind:
+        case SequenceKind():
+            labels = [f"[step {i + 1}]" for i in range(len(kind.steps))]
+        case EnsembleKind():
+            labels = ["[member]"] * len(kind.members) + (["[combiner]"] if kind.combiner else [])
+        case SwitchKind():
+            labels = [f"[= {equals!r}]" for equals, _ in kind.cases] + ["[default]"]
+        case SplitterKind():
+            labels = [f"[{weight}%]" for _, weight in kind.routes]
+    return [(ref, labels[i], kind.call(i)) for i, (_, ref) in enumerate(refs(kind))]
+
+
+def _call_text(call: Call | None) -> str:
+    if call is None:
+        return ""
+    parts = [f"timeout {call.timeout_s:g}s"] if call.timeout_s is not None else []
+    parts += [f"retries {call.retries}"] if call.retries else []
+    parts += ["optional"] if call.optional else []
+    return f"({', '.join(parts)})" if parts else ""
+
+
+def _kind(kind: NodeKind) -> str:
+    match kind:
+        case DeploymentKind():
+            return kind.import_path
+        case SwitchKind():
+            return f"switch on {'field ' + kind.field if kind.field else 'header ' + str(kind.header)}"
+        case SplitterKind():
+            return "splitter"
+        case SequenceKind():
+            return "sequence"
+        case EnsembleKind():
+            return "ensemble"
+
+
+def _replicas(app: _App, node_id: str, serve_app: Mapping[str, Any]) -> str:
+    """`running/target` from Ray Serve, else `want N` (or `want min..max`) from the config."""
+    live = (serve_app.get("deployments") or {}).get(node_id)
+    if isinstance(live, Mapping):
+        running = sum(1 for r in live.get("replicas") or () if (r or {}).get("state") == "RUNNING")
+        return f"{running}/{live.get('target_num_replicas', '?')} running"
+    options = app.options.get(node_id) or {}
+    auto = options.get("autoscaling_config")
+    if isinstance(auto, Mapping):
+        return f"want {auto.get('min_replicas')}..{auto.get('max_replicas')}"
+    return f"want {options.get('num_replicas', 1)}"
+
+
+def _first_line(text: Any) -> str:
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line if len(line) <= 160 else line[:157] + "..."

@@ -1,0 +1,462 @@
+"""A real Kubernetes control plane for tests and the demo: etcd + kube-apiserver, no kubelet.
+
+What controller-runtime's envtest runs, plus what our tests need beyond it: RBAC with
+static identities, a kubeconfig per identity, CRD installation, an optional audit log,
+and an API server restart that keeps etcd (to prove the operator survives one).
+There is no controller-manager: owner references are stored but never garbage
+collected, namespaces never finish terminating, pods stay Pending.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+from servegraph_testbed.audit import DEFAULT_POLICY, AuditLog
+from servegraph_testbed.binaries import Binaries, find_binaries
+from servegraph_testbed.certs import PkiFiles, write_pki
+from servegraph_testbed.crds import install_crds, load_crds
+from servegraph_testbed.identities import (
+    ADMIN,
+    Identity,
+    default_identities,
+    write_kubeconfig,
+    write_token_file,
+)
+from servegraph_testbed.processes import Component, ComponentError, free_port, http_probe
+from servegraph_testbed.rest import Json, Rest
+
+KEEP_ENV_VAR = "SERVEGRAPH_TESTENV_KEEP"  # set to 1 to keep the work dir (logs) after stop()
+ETCD_QUOTA_BYTES = 256 * 1024 * 1024
+_PORT_RACE = "address already in use"
+
+T = TypeVar("T")
+_MakeComponent = Callable[[int], Component]
+_PortProbe = Callable[[int], tuple[bool, str]]
+
+
+class ControlPlane:
+    """etcd and kube-apiserver on free loopback ports; use as a context manager or start()/stop().
+
+    All state (PKI, tokens, kubeconfigs, etcd data, logs, audit log) lives in one temp
+    dir removed by stop(). Every process runs in its own process group, stopped by pid.
+    """
+
+    def __init__(
+        self,
+        binaries: Binaries | None = None,
+        *,
+        identities: Iterable[Identity] | None = None,
+        crds: Sequence[Path] = (),
+        audit: bool = False,
+        audit_policy: str = DEFAULT_POLICY,
+        apiserver_args: Sequence[str] = (),
+        etcd_port: int | None = None,
+        apiserver_port: int | None = None,
+        ready_timeout: float = 60.0,
+        host: str = "127.0.0.1",
+        service_cidr: str = "10.0.0.0/24",
+        cluster: bool = False,
+    ) -> None:
+        """`crds`: YAML files or dirs installed at start; `apiserver_args` are appended last
+        (and so override the defaults); a fixed port disables the retry on a port race.
+
+        `host` is the address the API server binds and advertises (a node tier gives the
+        address its node reaches it on). `cluster=True` configures it for real controllers
+        and kubelets (see NodeCluster): ServiceAccount admission and the `kubernetes`
+        Service's endpoints on, Node authorization before RBAC, a client cert for kubelets.
+        """
+        self._binaries = binaries
+        idents = list(identities) if identities is not None else list(default_identities())
+        self._identities = {i.name: i for i in idents}
+        if ADMIN not in self._identities:
+            raise ValueError(f"identities must include {ADMIN!r} (the harness acts as it)")
+        self._crd_paths = list(crds)
+        self._audit_policy = audit_policy if audit else None
+        self._extra_apiserver_args = list(apiserver_args)
+        self._fixed_etcd_port = etcd_port
+        self._fixed_apiserver_port = apiserver_port
+        self.ready_timeout = ready_timeout
+        self.host = host
+        self.service_cidr = service_cidr
+        self.cluster = cluster
+
+        self._workdir: Path | None = None
+        self._pki: PkiFiles | None = None
+        self._etcd: Component | None = None
+        self._apiserver: Component | None = None
+        self._spawned: list[Component] = []
+        self._installed_crds: dict[str, str] = {}
+        self.etcd_port = 0
+        self.apiserver_port = 0
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        """Start etcd, then kube-apiserver, wait for /readyz, install the CRDs.
+
+        On any failure everything started so far is stopped and the temp dir removed
+        before the error (a ComponentError carrying the log tail) propagates.
+        """
+        if self._workdir is not None:
+            raise RuntimeError("control plane already started")
+        binaries = self._binaries or find_binaries()
+        self._binaries = binaries
+        self._workdir = Path(tempfile.mkdtemp(prefix="servegraph-testenv-"))
+        atexit.register(self.stop)
+        try:
+            self._pki = write_pki(self._workdir, ips=[self.host, kubernetes_service_ip(self.service_cidr)])
+            write_token_file(self._workdir / "tokens.csv", self._identities.values())
+            if self._audit_policy is not None:
+                (self._workdir / "audit-policy.yaml").write_text(self._audit_policy)
+            self._start_etcd(binaries)
+            self._start_apiserver(binaries)
+            for ident in self._identities.values():
+                write_kubeconfig(self.kubeconfig(ident.name), self.server, self.ca_pem, ident)
+            if self._crd_paths:
+                self.install_crds(*self._crd_paths)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop spawned components, the API server, etcd (in that order); remove the temp dir.
+
+        Safe to call twice and after a failed start.
+        """
+        atexit.unregister(self.stop)
+        components = [*reversed(self._spawned), self._apiserver, self._etcd]
+        self._spawned.clear()
+        self._apiserver = self._etcd = None
+        self._installed_crds.clear()
+        workdir, self._workdir = self._workdir, None
+        errors: list[Exception] = []
+        for component in components:
+            try:
+                if component is not None:
+                    component.stop()
+            except Exception as e:  # keep stopping the others
+                errors.append(e)
+        if workdir is not None and os.environ.get(KEEP_ENV_VAR) != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
+        if errors:
+            raise errors[0]
+
+    def restart_apiserver(self, downtime: float = 0.0) -> None:
+        """Stop kube-apiserver, wait `downtime` s, start it again on the same port and etcd.
+
+        Clients keep their kubeconfigs; the data survives. Blocking: from async code run
+        it with `await asyncio.to_thread(cp.restart_apiserver)` so the loop keeps going.
+        """
+        apiserver = self._require(self._apiserver, "API server")
+        apiserver.stop()
+        time.sleep(downtime)
+        apiserver.start()
+        self._wait_apiserver_ready(apiserver)
+
+    def _start_etcd(self, binaries: Binaries) -> None:
+        def make(port: int) -> Component:
+            url = f"http://127.0.0.1:{port}"
+            return Component(
+                "etcd",
+                [
+                    str(binaries.etcd),
+                    f"--data-dir={self.workdir / 'etcd'}",
+                    f"--listen-client-urls={url}",
+                    f"--advertise-client-urls={url}",
+                    "--listen-peer-urls=http://127.0.0.1:0",  # single member: any port
+                    "--unsafe-no-fsync",  # throwaway data: skip the fsyncs that dominate start
+                    f"--quota-backend-bytes={ETCD_QUOTA_BYTES}",
+                    "--log-level=warn",  # the log tail on failure shows errors, not chatter
+                ],
+                self.workdir / "etcd.log",
+            )
+
+        def ready(port: int) -> tuple[bool, str]:
+            return http_probe(f"http://127.0.0.1:{port}/health")
+
+        self._etcd, self.etcd_port = self._start_on_port(make, ready, self._fixed_etcd_port)
+
+    def _apiserver_argv(self, binaries: Binaries, port: int) -> list[str]:
+        pki = self._require(self._pki, "PKI")
+        argv = [
+            str(binaries.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            f"--bind-address={self.host}",
+            f"--advertise-address={self.host}",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--service-account-issuer=https://{self.host}:{port}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={self.service_cidr}",
+            f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            "--allow-privileged=true",
+            # Skip work a one-user test server does not need: APF's bootstrap objects and
+            # periodic checks, profiling, metrics polls.
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--etcd-count-metric-poll-period=0",
+            "--etcd-db-metric-poll-interval=0",
+        ]
+        if self.cluster:
+            argv += [
+                # Kubelets are authorized as nodes (only their own pods, secrets they mount).
+                "--authorization-mode=Node,RBAC",
+                f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+                f"--kubelet-client-key={pki.kubelet_client_key}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            argv += [
+                "--authorization-mode=RBAC",
+                # No controller-manager mints ServiceAccount tokens: the admission plugin would
+                # reject every pod (envtest disables it too).
+                "--disable-admission-plugins=ServiceAccount",
+                # Nothing inside a cluster needs the `kubernetes` Service's endpoints.
+                "--endpoint-reconciler-type=none",
+            ]
+        if self._audit_policy is not None:
+            argv += [
+                f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.workdir / 'audit.log'}",
+                "--audit-log-mode=blocking",  # the event is on disk when the response is
+                "--audit-log-maxbackup=0",
+            ]
+        return argv + self._extra_apiserver_args
+
+    def _start_apiserver(self, binaries: Binaries) -> None:
+        def make(port: int) -> Component:
+            return Component(
+                "kube-apiserver",
+                self._apiserver_argv(binaries, port),
+                self.workdir / "kube-apiserver.log",
+            )
+
+        def ready(port: int) -> tuple[bool, str]:
+            return self._rest_at(port, ADMIN).probe("/readyz?verbose")
+
+        component, self.apiserver_port = self._start_on_port(make, ready, self._fixed_apiserver_port)
+        self._apiserver = component
+
+    def _wait_apiserver_ready(self, apiserver: Component) -> None:
+        apiserver.wait_ready(lambda: self.rest().probe("/readyz?verbose"), self.ready_timeout)
+
+    def _start_on_port(
+        self,
+        make: _MakeComponent,
+        ready: _PortProbe,
+        fixed: int | None,
+    ) -> tuple[Component, int]:
+        """Start a component on `fixed` or a free port; with a free port, retry on a race."""
+        attempts = 1 if fixed is not None else 3
+        for attempt in range(1, attempts + 1):
+            port = fixed if fixed is not None else free_port(self.host)
+            component = make(port)
+            component.start()
+            try:
+                component.wait_ready(functools.partial(ready, port), self.ready_timeout)
+            except ComponentError as e:
+                component.stop()
+                if attempt < attempts and _PORT_RACE in e.log_tail:
+                    continue
+                raise
+            return component, port
+        raise AssertionError("unreachable")
+
+    # ---- what clients need -------------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        return self._require(self._workdir, "work dir")
+
+    @property
+    def binaries(self) -> Binaries:
+        return self._require(self._binaries, "binaries")
+
+    @property
+    def server(self) -> str:
+        """The API server URL, e.g. https://127.0.0.1:40123."""
+        return f"https://{self.host}:{self.apiserver_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self._require(self._pki, "PKI").ca_cert
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self.ca_file.read_bytes()
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process ids (= process group ids) of every running component, by name."""
+        components = [self._etcd, self._apiserver, *self._spawned]
+        return {c.name: c.pid for c in components if c is not None and c.pid is not None}
+
+    @property
+    def audit_log(self) -> AuditLog:
+        """The API server's audit log (only with audit=True)."""
+        if self._audit_policy is None:
+            raise RuntimeError("audit logging is off: create the ControlPlane with audit=True")
+        return AuditLog(self.workdir / "audit.log")
+
+    def identity(self, name: str = ADMIN) -> Identity:
+        return self._identities[name]
+
+    def kubeconfig(self, identity: str = ADMIN) -> Path:
+        """The kubeconfig file of a static identity (token auth, CA inline)."""
+        if identity not in self._identities:
+            raise KeyError(f"no identity {identity!r}; known: {sorted(self._identities)}")
+        return self.workdir / f"kubeconfig-{identity}.yaml"
+
+    def rest(self, identity: str = ADMIN) -> Rest:
+        """A small sync REST client as `identity` (for setup code outside an event loop)."""
+        return self._rest_at(self.apiserver_port, identity)
+
+    def _rest_at(self, port: int, identity: str) -> Rest:
+        return Rest(f"https://{self.host}:{port}", self.ca_file, self._identities[identity].token)
+
+    def component_log(self, name: str) -> Path:
+        """The log file of a component ('etcd', 'kube-apiserver' or a spawned name)."""
+        return self.workdir / f"{name}.log"
+
+    def install_crds(self, *paths: Path, timeout: float = 60.0) -> list[str]:
+        """Apply every CRD found in the YAML files/dirs; wait until usable; return names.
+
+        CRDs this control plane already installed unchanged are skipped: re-applying
+        KubeRay's 4 MB of schemas costs seconds of API server work for nothing.
+        """
+        crds = load_crds(paths)
+        fresh = [c for c in crds if self._installed_crds.get(c["metadata"]["name"]) != _digest(c)]
+        install_crds(self.rest(), fresh, timeout)
+        self._installed_crds.update({c["metadata"]["name"]: _digest(c) for c in fresh})
+        return [c["metadata"]["name"] for c in crds]
+
+    def service_account_token(self, namespace: str, name: str, expiration_seconds: int = 86400) -> str:
+        """A real bound token (TokenRequest API) of ServiceAccount `namespace/name`.
+
+        RBAC bindings to that ServiceAccount apply to it exactly as in a cluster. The
+        namespace and ServiceAccount are created if missing.
+        """
+        rest = self.rest()
+        rest.apply(
+            f"/api/v1/namespaces/{namespace}",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
+        sa_path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+        rest.apply(sa_path, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+        review = rest.request(
+            "POST",
+            f"{sa_path}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": expiration_seconds},
+            },
+        )
+        token: str = review["status"]["token"]
+        return token
+
+    def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
+        """A kubeconfig file holding service_account_token(namespace, name)."""
+        ident = Identity(f"sa-{namespace}-{name}", "", token=self.service_account_token(namespace, name))
+        path = self.workdir / f"kubeconfig-{ident.name}.yaml"
+        write_kubeconfig(path, self.server, self.ca_pem, ident)
+        return path
+
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        identity: str | None = ADMIN,
+        env: Mapping[str, str] | None = None,
+    ) -> Component:
+        """Start a process attached to this control plane and stopped before it.
+
+        KUBECONFIG is set to `identity`'s kubeconfig (None: leave the environment alone).
+        Its output goes to component_log(name). Wait for it with `.wait_ready(probe, s)`.
+        """
+        if any(c.name == name for c in self._spawned):
+            raise ValueError(f"a component named {name!r} is already running")
+        full_env = dict(os.environ)
+        if identity is not None:
+            full_env["KUBECONFIG"] = str(self.kubeconfig(identity))
+        full_env.update(env or {})
+        component = Component(name, argv, self.component_log(name), full_env)
+        component.start()
+        self._spawned.append(component)
+        return component
+
+    def unspawn(self, component: Component) -> None:
+        """Stop a spawned component ahead of the control plane."""
+        component.stop()
+        if component in self._spawned:
+            self._spawned.remove(component)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        identity: str = ADMIN,
+        stdin: str | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a short command as `identity` (KUBECONFIG set; Helm's homes in the work dir)."""
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig(identity)))
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            env[var] = str(self.workdir / "helm" / var.lower())
+        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=check, env=env)
+
+    def kubectl(
+        self, *args: str, identity: str = ADMIN, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """The pinned kubectl as `identity`, e.g. `cp.kubectl("apply", "-f", "-", stdin=y)`."""
+        cache = f"--cache-dir={self.workdir / 'kubectl-cache'}"
+        argv = [str(self.binaries.kubectl), cache, *args]
+        return self.run(argv, identity=identity, stdin=stdin, check=check)
+
+    def helm(self, *args: str, identity: str = ADMIN, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The pinned Helm v3 as `identity`, e.g. `cp.helm("install", "sg", "charts/x")`."""
+        return self.run([str(self.binaries.helm), *args], identity=identity, check=check)
+
+    @staticmethod
+    def _require(value: T | None, what: str) -> T:
+        if value is None:
+            raise RuntimeError(f"control plane not started ({what} unavailable)")
+        return value
+
+
+def kubernetes_service_ip(service_cidr: str) -> str:
+    """The ClusterIP of the `kubernetes` Service: the first address of the Service range."""
+    return str(next(ipaddress.ip_network(service_cidr).hosts()))
+
+
+def _digest(obj: Json) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()

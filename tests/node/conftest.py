@@ -1,0 +1,51 @@
+"""The node tier: one real cluster (kubelet, containerd, CNI, kube-proxy, CoreDNS,
+controllers) with KubeRay and servegraph installed as users install them, for the session.
+
+Every test under tests/node is marked `node` and gets its own namespace, deleted (and
+waited for: the real garbage collector and namespace controller run here) afterwards,
+so the next test has the node's two CPUs to itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from node_support import FIGURES
+
+from servegraph_testbed.node.stack import Stack
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.node)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if FIGURES:
+        terminalreporter.section("node-tier figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+async def stack() -> AsyncIterator[Stack]:
+    """A NodeCluster (2 advertised GPUs) + KubeRay + servegraph (Helm, 2 replicas) + registry."""
+    async with Stack() as s:
+        yield s
+
+
+@pytest.fixture
+async def namespace(stack: Stack) -> AsyncIterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    yield name
+    # Ray pods would take their 30 s grace period to stop; the test is over, so stop them
+    # at once, then let the namespace controller delete the rest.
+    stack.cp.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=false", check=False)
+    out = stack.cp.kubectl("delete", "namespace", name, "--ignore-not-found", "--timeout=180s", check=False)
+    assert out.returncode == 0, f"namespace {name} not deleted in 180 s: {out.stderr}"

@@ -1,0 +1,199 @@
+"""What the node-tier tests share: graph variants, Ray pod sizes for a 2-CPU node,
+waits on the real status, and a load loop that counts failed requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from google.protobuf import text_format
+from support import SAMPLES
+
+from servegraph.v1 import graph_pb2
+from servegraph_testbed.node.stack import Stack
+from servegraph_testbed.waiting import eventually
+
+FIGURES: list[str] = []
+"""Measured figures, printed at the end of the run (conftest) so every log carries them."""
+
+
+def figure(text: str) -> None:
+    FIGURES.append(text)
+    print(text)
+
+
+# The samples ask for realistic pods (a 2-CPU/8 GiB head, 4-CPU workers); this node has
+# 2 CPUs in all. These overrides (spec.rayService) shrink the requests so two Ray
+# clusters fit at once (a new-cluster upgrade), and give Ray 1 logical CPU per pod.
+RAY_PODS: dict[str, Any] = {
+    "head": {"resources": {"requests": {"cpu": "200m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "3Gi"}}},
+    "workers": {"resources": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "3Gi"}}},
+}
+TEXT = {"text": "a fine day"}  # neutral with the default word lists; positive once "fine" is
+
+
+def mini(
+    version: str, *, positive: list[Any] | None = None, tokenizer: str | None = None, replicas: int = 1
+) -> graph_pb2.Graph:
+    """config/samples/mini with a version and, optionally, the sentiment node's word list
+    (a Serve-only change: it lands in serveConfigV2, not in the Ray cluster's spec)."""
+    graph = text_format.Parse((SAMPLES / "mini.txtpb").read_text(), graph_pb2.Graph())
+    graph.version = version
+    nodes = graph.applications[0].nodes
+    if positive is not None:
+        nodes["sentiment"].deployment.kwargs["positive"].value.list_value.extend(positive)
+    if tokenizer is not None:
+        nodes["tokenizer"].deployment.import_path = tokenizer
+    nodes["sentiment"].scaling.num_replicas = replicas
+    return graph
+
+
+def with_gpu_application(graph: graph_pb2.Graph, version: str) -> graph_pb2.Graph:
+    """`graph` plus an application whose node needs a GPU: a GPU worker group appears,
+    so the Ray cluster's spec changes and KubeRay must build a new cluster."""
+    out = graph_pb2.Graph()
+    out.CopyFrom(graph)
+    out.version = version
+    app = out.applications.add(name="embed", route_prefix="/embed", ingress="embedder")
+    node = app.nodes["embedder"]
+    node.deployment.import_path = "servegraph.examples:Embedder"
+    node.deployment.kwargs["dimensions"].value.number_value = 4
+    node.resources.num_cpus = 0.25
+    node.resources.num_gpus = 1
+    node.scaling.num_replicas = 1
+    return out
+
+
+def with_custom_resource(graph: graph_pb2.Graph, version: str) -> graph_pb2.Graph:
+    """`graph` whose tokenizer needs a custom Ray resource: the CPU group's `ray start`
+    parameters change, so the existing worker group's spec does (KubeRay: a new cluster)."""
+    out = graph_pb2.Graph()
+    out.CopyFrom(graph)
+    out.version = version
+    out.applications[0].nodes["tokenizer"].resources.custom["fast-disk"] = 1
+    return out
+
+
+async def servegraph(stack: Stack, namespace: str, name: str) -> dict[str, Any]:
+    obj = await asyncio.to_thread(stack.get, "servegraph", namespace, name)
+    assert obj is not None, f"ServeGraph {namespace}/{name} is gone"
+    return obj
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return dict(c)
+    return {}
+
+
+async def wait_ready(stack: Stack, namespace: str, name: str, within: float = 300) -> dict[str, Any]:
+    """The ServeGraph Ready=True; our Ready is computed from KubeRay's own status."""
+
+    async def ready() -> dict[str, Any] | None:
+        sg = await servegraph(stack, namespace, name)
+        return sg if condition(sg, "Ready").get("status") == "True" else None
+
+    return await eventually(ready, within=within, interval=1, what=f"ServeGraph {namespace}/{name} Ready")
+
+
+async def wait_rolled_out(stack: Stack, namespace: str, name: str, version: str, within: float = 300) -> dict[str, Any]:
+    """The rollout of `version` complete (Ready and stable): a rollback target from now on."""
+
+    async def done() -> dict[str, Any] | None:
+        sg = await servegraph(stack, namespace, name)
+        rollout = (sg.get("status") or {}).get("rollout") or {}
+        return sg if rollout.get("phase") == "Serving" and rollout.get("version") == version else None
+
+    return await eventually(done, within=within, interval=1, what=f"version {version} rolled out")
+
+
+async def deploy(
+    stack: Stack, namespace: str, name: str, graph: graph_pb2.Graph, rollout: dict[str, Any] | None = None, **ray: Any
+) -> str:
+    """Publish `graph` and apply a ServeGraph for it; returns the graph's registry name.
+
+    The rollout's progress deadline is long by default here: on a loaded 2-CPU node a new
+    Ray cluster can take minutes, and only the rollout tests mean to see a deadline."""
+    rollout = rollout if rollout is not None else {"progressDeadline": "20m"}
+    registry_name = f"{namespace}-{name}"
+    await stack.publish(registry_name, graph.SerializeToString())
+    manifest = stack.servegraph_manifest(namespace, name, registry_name, {**RAY_PODS, **ray}, rollout)
+    await asyncio.to_thread(stack.apply, manifest)
+    return registry_name
+
+
+@dataclass
+class LoadLoop:
+    """POSTs to a route back to back (one request in flight) and records every outcome."""
+
+    url: str
+    payload: Any
+    results: list[tuple[float, int, Any]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __aenter__(self) -> LoadLoop:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    async with session.post(self.url, json=self.payload) as resp:
+                        text = await resp.text()
+                        try:
+                            body: Any = json.loads(text)
+                        except ValueError:
+                            body = text[:300]
+                        self.results.append((started, resp.status, body))
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    self.results.append((started, 0, repr(e)))
+                await asyncio.sleep(0.05)
+
+    def summary(self, since: float) -> str:
+        """Outcomes in runs, with times relative to `since`: `+3.1s..+9.0s 503 x12`."""
+        runs: list[list[Any]] = []
+        for at, status, body in self.results:
+            what = status if status != 200 else f"200 {body.get('label') if isinstance(body, dict) else body}"
+            if runs and runs[-1][2] == what:
+                runs[-1][1] = at
+                runs[-1][3] += 1
+            else:
+                runs.append([at, at, what, 1, body])
+        return "; ".join(
+            f"{a - since:+.1f}s..{b - since:+.1f}s {w} x{n}"
+            + (f" ({str(body)[:80]})" if not str(w).startswith("200") else "")
+            for a, b, w, n, body in runs
+        )
+
+    @property
+    def failures(self) -> list[tuple[float, int, Any]]:
+        return [r for r in self.results if r[1] != 200]
+
+    def answers(self, key: Callable[[Any], Any]) -> list[Any]:
+        """The distinct successful answers, in the order they first appeared."""
+        seen: list[Any] = []
+        for _, status, body in self.results:
+            if status == 200 and key(body) not in seen:
+                seen.append(key(body))
+        return seen
+
+    async def until(self, check: Callable[[], bool], within: float, what: str) -> None:
+        async def done() -> bool:
+            return check()
+
+        await eventually(done, within=within, interval=0.5, what=what)

@@ -1,0 +1,36 @@
+"""`make demo-check` as a newcomer runs it: the whole story, answers right, nothing left.
+
+Runs first in this tier (file order), before the session's own cluster exists, so the
+demo's cluster has the node's CPUs to itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from node_support import figure
+from support import ROOT
+
+
+def test_demo_check_serves_v1_then_v2_and_leaves_nothing_behind() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "servegraph_testbed.demo", "--check"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-4000:]}\n{proc.stderr[-2000:]}"
+    assert '->  {"label": "neutral", "score": 0.0}' in out, out
+    assert '->  {"label": "positive", "score": 1.0}' in out, out
+    first = re.search(r"apply -> first correct answer: ([\d.]+) s", out)
+    update = re.search(r"publish -> new answer: ([\d.]+) s", out)
+    assert first and update, out
+    figure(f"demo: apply -> first answer {first.group(1)} s, publish -> new answer {update.group(1)} s")
+    assert "nothing left behind" in out, out

@@ -1,0 +1,176 @@
+"""Rollouts through the reconciler on the in-memory API: rollback after a restart, pins, the store."""
+
+from __future__ import annotations
+
+import copy
+
+from google.protobuf import text_format
+from reconcile_support import KEY, NAME, NS, Cluster
+from support import SAMPLES
+
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.reconcile import Reconciler
+from servegraph.operator.rollout import STABLE_S
+from servegraph.operator.store import load, store_name
+from servegraph.v1 import graph_pb2
+
+
+def mini(version: str, positive: list[str] | None = None) -> bytes:
+    g = text_format.Parse((SAMPLES / "mini.txtpb").read_text(), graph_pb2.Graph())
+    g.version = version
+    if positive:
+        g.applications[0].nodes["sentiment"].deployment.kwargs["positive"].value.list_value.extend(positive)
+    return g.SerializeToString()
+
+
+class Clock:
+    """Wall time the test moves: rollouts wait out a stable window and deadlines."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def with_clock(c: Cluster) -> Cluster:
+    c.clock = Clock()  # type: ignore[attr-defined]
+    c.reconciler.rollouts.clock = c.clock  # type: ignore[attr-defined]
+    return c
+
+
+async def ready(c: Cluster, status: str = "RUNNING") -> None:
+    """KubeRay acts on the applied spec and reports the application's status, which stays
+    so past the stable window (a success or a failure counts only then)."""
+    c.api.kuberay_reports(NS, NAME, sentiment=status)
+    for _ in range(2):
+        c.watch_rayservice()
+        await c.reconcile()
+        c.watch_servegraph()
+        c.clock.now += STABLE_S  # type: ignore[attr-defined]
+
+
+def serve_config(c: Cluster) -> str:
+    return str(c.api.rayservices[KEY]["spec"]["serveConfigV2"])
+
+
+def restart(c: Cluster) -> None:
+    """A new operator process (or a new leader): nothing in memory, the cluster as it is."""
+    c.queue = WorkQueue()
+    c.reconciler = Reconciler(c.api, c.registry, Metrics(), c.queue)
+    c.reconciler.rollouts.clock = c.clock  # type: ignore[attr-defined]
+    c.watch_servegraph()
+
+
+async def v1_serving() -> Cluster:
+    c = with_clock(Cluster())
+    c.publish(mini("1"))
+    await c.started()
+    await ready(c)
+    assert c.body["status"]["rollout"]["phase"] == "Serving"
+    return c
+
+
+async def test_a_failed_version_is_rolled_back_from_the_store_after_a_restart() -> None:
+    c = await v1_serving()
+    v1_config = serve_config(c)
+    c.publish(mini("2", ["fine"]))
+    await c.reconcile()
+    assert '"fine"' in serve_config(c), "v2 applied"
+    assert c.body["status"]["rollout"]["version"] == "2"
+
+    restart(c)  # the operator dies mid-rollout; the new one knows only the cluster
+    await c.reconcile()
+    assert '"fine"' in serve_config(c), "the rollout goes on"
+    await ready(c, "DEPLOY_FAILED")  # Ray: v2's deployment fails
+
+    assert serve_config(c) == v1_config, "v1's RayService is applied again, from the kept graph"
+    status = c.body["status"]
+    assert [(h["version"], h["outcome"]) for h in status["history"]] == [
+        ("1", "Progressing"),
+        ("2", "RolledBack"),
+        ("1", "Serving"),
+    ]
+    assert status["graph"]["version"] == "1"
+    progressing = next(x for x in status["conditions"] if x["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("False", "RolledBack")
+    assert ("Warning", "RolledBack") in [(t, r) for t, r, _ in c.api.events]
+
+    await ready(c)
+    restart(c)  # and again: the registry still serves v2, which is not retried
+    await c.reconcile()
+    assert serve_config(c) == v1_config
+    assert c.body["status"]["history"][0]["outcome"] == "Serving"
+
+
+async def test_a_pin_applies_a_kept_version_and_unpinning_returns_to_the_source() -> None:
+    c = await v1_serving()
+    v1_config = serve_config(c)
+    c.publish(mini("2", ["fine"]))
+    await c.reconcile()
+    await ready(c)
+    v1_digest = c.body["status"]["history"][1]["digest"]
+
+    c.body["spec"]["rollout"] = {"pin": {"digest": f"sha256:{v1_digest}"}}
+    c.body["metadata"]["generation"] += 1
+    c.watch_servegraph()
+    await c.reconcile()
+    assert serve_config(c) == v1_config
+    assert c.body["status"]["rollout"]["cause"] == "pin"
+
+    del c.body["spec"]["rollout"]
+    c.body["metadata"]["generation"] += 1
+    c.watch_servegraph()
+    await c.reconcile()
+    assert '"fine"' in serve_config(c)
+
+
+async def test_the_store_keeps_every_version_of_the_history_and_is_owned_by_the_servegraph() -> None:
+    c = await v1_serving()
+    c.publish(mini("2", ["fine"]))
+    await c.reconcile()
+    cm = c.api.configmap_objects[(NS, store_name(NAME))]
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    kept = await load(c.api, NS, NAME)
+    assert sorted(kept) == sorted(h["digest"] for h in c.body["status"]["history"])
+    assert c.reconciler.cache.memory(KEY).good_bytes is None, "kept in the store, not in memory too"
+    # A tampered entry is not trusted.
+    cm["binaryData"] = copy.deepcopy(cm["binaryData"])
+    first = next(iter(cm["binaryData"]))
+    cm["binaryData"][first] = "bm90IGEgZ3JhcGg="
+    assert first not in await load(c.api, NS, NAME)
+    cm["binaryData"][first] = "%% not base64 %%"  # nor one that is not even base64: skipped, no exception
+    assert first not in await load(c.api, NS, NAME)
+
+
+async def test_a_configmap_of_the_stores_name_made_by_someone_else_is_not_taken_over() -> None:
+    """The store is written only when this ServeGraph controls it: a ConfigMap someone made
+    under that name stays as it is, the rollout goes on without a kept graph and says so."""
+    c = with_clock(Cluster())
+    where = (NS, store_name(NAME))
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": where[1], "namespace": NS, "managedFields": [{"manager": "kubectl-create"}]},
+        "data": {"settings": "theirs"},
+    }
+    c.api.configmap_objects[where] = copy.deepcopy(theirs)
+    c.publish(mini("1"))
+    await c.reconcile()
+    assert c.api.configmap_objects[where] == theirs
+    assert "apply_configmap" not in c.api.calls
+    assert ("Warning", "KeepFailed") in [(t, r) for t, r, _ in c.api.events]
+    assert c.body["status"]["history"][0]["rollbackAvailable"] is False
+    assert c.condition("Applied") == ("True", "UpToDate"), "the RayService is still applied"
+
+
+async def test_a_rollout_in_progress_is_looked_at_again_at_its_deadline() -> None:
+    c = with_clock(Cluster())
+    c.publish(mini("1"))
+    c.watch_servegraph()
+    delay = await c.reconcile()
+    assert delay is not None and 595 < delay <= 601, "the default progressDeadline is 10m"
+    await ready(c)
+    c.watch_servegraph()
+    assert await c.reconcile() is None, "a finished rollout needs no timer"

@@ -1,0 +1,327 @@
+"""The reconcile against a hostile or careless tenant (issue 14), through its edges in memory.
+
+The same defects are exercised on the real API server and registry in
+tests/integration/test_security.py; here each rule is pinned down on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from memory_api import MemoryApiServer, MemoryRegistry
+from support import SAMPLES
+
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.parsing import GraphParser
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.reconcile import Reconciler, RetryLater
+from servegraph.operator.worker import run_worker
+from servegraph.source import Fetched, FetchRequest, Limits
+from servegraph.v1 import graph_pb2
+
+NS = "team-a"
+TOKEN = "s3cret"
+MINI = (SAMPLES / "mini.pb").read_bytes()
+
+
+def url(name: str) -> str:
+    return f"https://registry.test/v1/graphs/{name}"
+
+
+def servegraph(namespace: str, name: str, uid: str = "", generation: int = 1, **spec: Any) -> dict[str, Any]:
+    source = {"url": url(name), "tokenSecretRef": {"name": "registry-token"}, **spec.pop("source", {})}
+    return {
+        "apiVersion": "servegraph.io/v1alpha1",
+        "kind": "ServeGraph",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}", "generation": generation},
+        "spec": {"source": source, **spec},
+    }
+
+
+class World:
+    """An API server, a registry, a reconciler and its queue, with helpers to act as the watches."""
+
+    def __init__(self, fetcher: Callable[[FetchRequest], Awaitable[Fetched]] | None = None, **kw: Any) -> None:
+        self.api = MemoryApiServer()
+        self.registry = MemoryRegistry(token=TOKEN)
+        self.queue: WorkQueue[tuple[str, str]] = WorkQueue(base_delay_s=0.01)
+        self.reconciler = Reconciler(self.api, fetcher or self.registry, Metrics(), self.queue, **kw)
+
+    def add(self, body: dict[str, Any], graph: bytes = MINI) -> tuple[str, str]:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.api.servegraphs[key] = body
+        self.api.add_secret(meta["namespace"], "registry-token", token=TOKEN)
+        self.registry.graphs.setdefault(body["spec"]["source"]["url"], graph)
+        self.reconciler.servegraph_changed(copy.deepcopy(body))
+        return key
+
+    def condition(self, key: tuple[str, str], type_: str) -> dict[str, Any]:
+        return next(c for c in self.api.servegraphs[key]["status"]["conditions"] if c["type"] == type_)
+
+    async def reconcile(self, key: tuple[str, str]) -> None:
+        with contextlib.suppress(RetryLater):
+            await self.reconciler.reconcile(key)
+
+    def deliver_rayservice(self, namespace: str, name: str) -> None:
+        self.reconciler.rayservice_changed(copy.deepcopy(self.api.rayservices[(namespace, name)]))
+
+
+# -- 3. one tenant cannot starve the operator -------------------------------------------
+
+
+async def test_one_namespace_cannot_take_every_worker() -> None:
+    """Six downloads of one namespace hang; with four workers and two downloads per namespace,
+    another namespace's ServeGraph is still applied meanwhile."""
+    release = asyncio.Event()
+    world: World
+
+    async def fetcher(request: FetchRequest) -> Fetched:
+        if "/greedy-" in request.url:
+            await release.wait()
+        return await world.registry(request)
+
+    world = World(fetcher)
+    greedy = [world.add(servegraph("greedy", f"greedy-{i}")) for i in range(6)]
+    patient = world.add(servegraph("patient", "mini"))
+    workers = [asyncio.create_task(run_worker(world.reconciler, world.queue)) for _ in range(4)]
+    try:
+        for _ in range(200):
+            if ("patient", "mini") in world.api.rayservices:
+                break
+            await asyncio.sleep(0.01)
+        assert ("patient", "mini") in world.api.rayservices, "the other namespace waited for the greedy one"
+        assert world.reconciler.slots.busy("greedy") == 2
+        assert sum(key in world.api.rayservices for key in greedy) == 0
+        release.set()
+        for _ in range(300):
+            if all(key in world.api.rayservices for key in greedy):
+                break
+            await asyncio.sleep(0.01)
+        assert all(key in world.api.rayservices for key in greedy), "parked downloads were not resumed"
+    finally:
+        for task in workers:
+            task.cancel()
+    assert patient in world.api.rayservices
+
+
+async def test_the_administrators_limits_cap_what_a_servegraph_asks() -> None:
+    world = World(limits=Limits(max_bytes=4 * 1024 * 1024, deadline_s=20.0))
+    key = world.add(servegraph(NS, "mini", source={"maxBytes": 268435456, "timeout": "10m"}))
+    await world.reconcile(key)
+    (request,) = world.registry.requests
+    assert (request.max_bytes, request.timeout_s) == (4 * 1024 * 1024, 20.0)
+
+
+async def test_a_hostile_graph_is_parsed_without_stalling_the_loop() -> None:
+    """200,000 labels in 2.7 MB: seconds of parsing, which on the loop stopped everything,
+    the Lease renewal included. In the child process the loop keeps ticking."""
+    hostile = graph_pb2.Graph.FromString(MINI)
+    for i in range(200_000):
+        hostile.labels[f"l{i}"] = "v"
+    parser = GraphParser()
+    await parser.start()
+    world = World(parser=parser.parse)
+    key = world.add(servegraph(NS, "mini"), graph=hostile.SerializeToString())
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        await asyncio.sleep(0.05)
+        await world.reconcile(key)
+        await asyncio.sleep(0.05)  # the ticker's next tick measures the gap the parse may have made
+    finally:
+        ticking.cancel()
+        parser.close()
+    valid = world.condition(key, "GraphValid")
+    assert (valid["status"], valid["reason"]) == ("False", "InvalidGraph")
+    assert "200000 labels, over the limit of 64" in valid["message"]
+    assert max(gaps) < 0.5, f"the event loop stalled {max(gaps):.2f} s while the graph was parsed"
+
+
+# -- 4. it takes over nothing it does not own ------------------------------------------------
+
+
+async def test_a_rayservice_made_by_hand_is_not_taken_over() -> None:
+    world = World()
+    hand_made = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {
+            "name": "mini",
+            "namespace": NS,
+            "managedFields": [{"manager": "kubectl-create"}, {"manager": "kuberay-operator", "subresource": "status"}],
+        },
+        "spec": {"serveConfigV2": "applications: []\n"},
+    }
+    world.api.rayservices[(NS, "mini")] = copy.deepcopy(hand_made)
+    key = world.add(servegraph(NS, "mini"))
+    with pytest.raises(RetryLater):
+        await world.reconciler.reconcile(key)
+    assert "apply_rayservice" not in world.api.calls
+    assert "apply_configmap" not in world.api.calls, "no rollout (and no kept graph) for someone else's RayService"
+    assert world.api.rayservices[(NS, "mini")] == hand_made
+    ready = world.condition(key, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Conflict")
+    assert "written by kubectl-create)" in ready["message"], "who made it; KubeRay only wrote its status"
+    assert world.condition(key, "Applied")["reason"] == "Conflict"
+
+
+async def test_two_servegraphs_naming_one_rayservice_never_flip_it() -> None:
+    world = World()
+    first = world.add(servegraph(NS, "a", rayService={"name": "shared"}))
+    second = world.add(servegraph(NS, "b", rayService={"name": "shared"}))
+    await world.reconcile(first)
+    world.deliver_rayservice(NS, "shared")
+    for _ in range(3):
+        await world.reconcile(second)
+        await world.reconcile(first)
+        world.deliver_rayservice(NS, "shared")
+    assert world.api.calls.count("apply_rayservice") == 1
+    assert world.api.rayservices[(NS, "shared")]["metadata"]["ownerReferences"][0]["name"] == "a"
+    ready = world.condition(second, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Conflict")
+    assert f"ServeGraph {NS}/a" in ready["message"]
+    # A new operator process (no claims in memory) sees the owner on the object itself.
+    fresh = Reconciler(world.api, world.registry, Metrics(), WorkQueue())
+    fresh.servegraph_changed(copy.deepcopy(world.api.servegraphs[second]))
+    with pytest.raises(RetryLater):
+        await fresh.reconcile(second)
+    assert world.api.calls.count("apply_rayservice") == 1
+    assert f"controlled by ServeGraph {NS}/a" in world.condition(second, "Ready")["message"]
+
+
+# -- 5. every failure is a condition and a retry ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ValueError("Port out of range 0-65535"),
+        ssl.SSLError(9, "[X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate or crl found"),
+        aiohttp.ClientConnectionError("Connection reset by peer"),
+        OSError(104, "Connection reset by peer"),
+    ],
+    ids=["bad-port", "broken-ca-bundle", "client-error", "os-error"],
+)
+@pytest.mark.parametrize("where", ["download", "secret"])
+async def test_an_unexpected_failure_is_a_condition_and_a_retry(failure: Exception, where: str) -> None:
+    failing = True
+    world: World
+
+    async def fetcher(request: FetchRequest) -> Fetched:
+        if failing and where == "download":
+            raise failure
+        return await world.registry(request)
+
+    world = World(fetcher)
+    key = world.add(servegraph(NS, "mini"))
+    if where == "secret":
+        real = world.api.read_secret_data
+
+        async def read_secret_data(namespace: str, name: str) -> dict[str, str]:
+            if failing:
+                raise failure
+            return await real(namespace, name)
+
+        world.reconciler.secrets._read = read_secret_data
+    with pytest.raises(RetryLater):
+        await world.reconciler.reconcile(key)
+    fetched = world.condition(key, "Fetched")
+    assert fetched["status"] == "False" and fetched["reason"] == "InternalError"
+    assert type(failure).__name__ in fetched["message"]
+    failing = False
+    await asyncio.sleep(0.05)  # past the first retry's backoff (the queue's base delay is 10 ms here)
+    await world.reconcile(key)
+    assert world.condition(key, "Fetched")["reason"] == "Downloaded", "the failed download was never tried again"
+    assert (NS, "mini") in world.api.rayservices
+
+
+# -- 7. deleted or replaced while downloading ------------------------------------------------
+
+
+@pytest.mark.parametrize("then", ["deleted", "replaced"])
+async def test_a_servegraph_gone_while_its_graph_downloads_gets_nothing_written(then: str) -> None:
+    world: World
+
+    async def fetcher(request: FetchRequest) -> Fetched:
+        body = world.api.servegraphs.pop((NS, "mini"))
+        world.reconciler.servegraph_changed(copy.deepcopy(body), deleted=True)  # the watch, meanwhile
+        if then == "replaced":
+            world.add(servegraph(NS, "mini", uid="uid-new"))
+        return await world.registry(request)
+
+    world = World(fetcher)
+    key = world.add(servegraph(NS, "mini"))
+    await world.reconcile(key)
+    assert world.api.writes() == [], world.api.calls
+    assert world.api.rayservices == {}
+
+
+# -- 9. a condition's generation is the one it was computed for --------------------------------
+
+
+async def test_conditions_keep_the_generation_they_were_computed_for() -> None:
+    world = World()
+    key = world.add(servegraph(NS, "mini"))
+    await world.reconcile(key)
+    body = world.api.servegraphs[key]
+    assert {c["observedGeneration"] for c in body["status"]["conditions"]} == {1}
+
+    # Generation 2 points at another URL, whose download fails.
+    body["metadata"]["generation"] = 2
+    body["spec"]["source"]["url"] = url("missing")
+    world.reconciler.servegraph_changed(copy.deepcopy(body))
+    await world.reconcile(key)
+    generations = {c["type"]: (c["observedGeneration"], c["status"]) for c in body["status"]["conditions"]}
+    assert generations["Fetched"] == (2, "False")
+    assert generations["GraphValid"] == (1, "True"), "the old graph's validity must not read as the new URL's"
+    assert body["status"]["observedGeneration"] == 2
+
+    # Generation 3 only changes the image: the graph's conditions still answer for it.
+    body["metadata"]["generation"] = 3
+    body["spec"]["source"]["url"] = url("mini")
+    world.reconciler.servegraph_changed(copy.deepcopy(body))
+    await world.reconcile(key)
+    body["metadata"]["generation"] = 4
+    body["spec"]["rayService"] = {"image": "example.com/ray:4"}
+    world.reconciler.servegraph_changed(copy.deepcopy(body))
+    await world.reconcile(key)
+    assert {c["observedGeneration"] for c in body["status"]["conditions"]} == {4}
+
+
+# -- 10. per-object state does not outlive its objects ------------------------------------------
+
+
+async def test_nothing_grows_as_objects_come_and_go() -> None:
+    world = World()
+    keys = [world.add(servegraph(f"ns-{i % 7}", f"sg-{i}")) for i in range(150)]
+    for key in keys:
+        await world.reconcile(key)
+        world.deliver_rayservice(*key)
+    assert world.reconciler.cache.sizes()["rayservices"] == 150
+    for key in keys:
+        rs = world.api.rayservices.pop(key)
+        world.reconciler.rayservice_changed(rs, deleted=True)
+        world.reconciler.servegraph_changed(world.api.servegraphs.pop(key), deleted=True)
+    assert world.reconciler.cache.sizes() == {"servegraphs": 0, "memory": 0, "rayservices": 0, "claims": 0}
+    assert len(world.reconciler.slots) == 0
+    assert len(world.reconciler.secrets) == 7  # one token Secret per namespace, kept 10 s
+    world.reconciler.secrets.ttl_s = 0.0
+    await world.reconciler.secrets.get("ns-0", "registry-token")
+    assert len(world.reconciler.secrets) == 1, "expired copies are dropped as new ones are kept"

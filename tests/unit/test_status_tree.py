@@ -1,0 +1,225 @@
+"""`servegraph status`'s tree, drawn from what the API server and Ray Serve return
+(the same command against a real cluster is in tests/node/test_observability.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from builders import deployment, graph
+from support import SAMPLES
+
+from servegraph.graph import load_graph
+from servegraph.graph.validate import to_model
+from servegraph.render import serve_config_yaml
+from servegraph.statustree.tree import Snapshot, age, render
+from servegraph.v1 import graph_pb2
+
+NOW = datetime(2026, 11, 23, 10, 5, 0, tzinfo=UTC)
+DIGEST = "sha256:" + "ab" * 32
+
+
+def condition(kind: str, status: str, reason: str, message: str, at: str) -> dict[str, str]:
+    return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": at}
+
+
+def observed_servegraph() -> dict[str, Any]:
+    healthy = {"status": "HEALTHY"}
+    return {
+        "metadata": {"name": "observed", "namespace": "team-a"},
+        "status": {
+            "graph": {"name": "observed", "version": "1", "digest": DIGEST, "applications": 2, "nodes": 9},
+            "rayServiceName": "observed",
+            "conditions": [
+                condition("Fetched", "True", "Downloaded", "downloaded 1234 bytes", "2026-11-23T10:00:00Z"),
+                condition("GraphValid", "True", "Valid", "graph observed version '1'", "2026-11-23T10:00:00Z"),
+                condition("Applied", "True", "UpToDate", "RayService observed matches", "2026-11-23T10:00:01Z"),
+                condition("Ready", "False", "ApplicationsNotRunning", "strict: DEPLOYING", "2026-11-23T10:04:00Z"),
+            ],
+            "applications": {
+                "review": {
+                    "status": "RUNNING",
+                    "deployments": {
+                        n: healthy for n in ("pipeline", "panel", "lexicon", "tokenizer", "second-opinion", "audit")
+                    },
+                },
+                "strict": {
+                    "status": "DEPLOYING",
+                    "deployments": {
+                        "quorum": healthy,
+                        "quick": healthy,
+                        "laggard": {"status": "UPDATING", "message": "Deploying: waiting for replicas\nmore"},
+                    },
+                },
+            },
+        },
+    }
+
+
+def rayservice(config: str) -> dict[str, Any]:
+    return {"spec": {"serveConfigV2": config}, "status": {"activeServiceStatus": {"rayClusterName": "observed-x7k2p"}}}
+
+
+EVENTS = [
+    {
+        "reason": "Applied",
+        "message": "created RayService observed: graph observed version '1'",
+        "lastTimestamp": "2026-11-23T10:00:01Z",
+    },
+    {"reason": "Applied", "message": "an older one", "lastTimestamp": "2026-11-22T10:00:01Z"},
+    {"reason": "FetchFailed", "message": "a later warning", "lastTimestamp": "2026-11-23T10:03:00Z"},
+]
+
+
+def running(n: int, target: int) -> dict[str, Any]:
+    return {
+        "replicas": [{"state": "RUNNING"}] * n + [{"state": "STARTING"}] * (target - n),
+        "target_num_replicas": target,
+    }
+
+
+SERVE = {
+    "applications": {
+        "review": {
+            "deployments": {
+                "pipeline": running(1, 1),
+                "panel": running(1, 2),
+                **{n: running(1, 1) for n in ("lexicon", "tokenizer", "second-opinion", "audit")},
+            }
+        }
+    }
+}
+
+EXPECTED = """\
+Name:          observed
+Namespace:     team-a
+Ready:         False  ApplicationsNotRunning  (since 1m)  strict: DEPLOYING
+Graph:         observed  version '1'  sha256:abababababababababababababababababababababababababababababababab  (2 applications, 9 nodes)
+RayService:    observed  (Ray cluster observed-x7k2p)
+Last rollout:  4m ago: created RayService observed: graph observed version '1'
+Conditions:
+  TYPE        STATUS  REASON                  AGE  MESSAGE
+  Fetched     True    Downloaded              5m   downloaded 1234 bytes
+  GraphValid  True    Valid                   5m   graph observed version '1'
+  Applied     True    UpToDate                4m   RayService observed matches
+  Ready       False   ApplicationsNotRunning  1m   strict: DEPLOYING
+Graph as deployed:
+review  /review  RUNNING
+  NODE                                                    KIND                           STATE    REPLICAS
+  pipeline                                                sequence                       HEALTHY  1/1 running
+  ├─ panel [step 1] (timeout 10s)                         ensemble                       HEALTHY  1/2 running
+  │  ├─ lexicon [member] (timeout 5s, retries 1)          servegraph.examples:Sentiment  HEALTHY  1/1 running
+  │  │  └─ tokenizer (handle)                             servegraph.examples:Tokenizer  HEALTHY  1/1 running
+  │  └─ second-opinion [member] (timeout 0.5s, optional)  servegraph.examples:Slow       HEALTHY  1/1 running
+  └─ audit [step 2]                                       servegraph.examples:Echo       HEALTHY  1/1 running
+strict  /strict  DEPLOYING
+  NODE                                KIND                      STATE     REPLICAS
+  quorum                              ensemble                  HEALTHY   want 1
+  ├─ quick [member]                   servegraph.examples:Echo  HEALTHY   want 1
+  └─ laggard [member] (timeout 0.5s)  servegraph.examples:Slow  UPDATING  want 1
+      ! Deploying: waiting for replicas
+"""
+
+
+def test_the_observed_sample_as_a_tree_with_live_replicas_and_the_last_rollout() -> None:
+    config = serve_config_yaml(load_graph(SAMPLES / "observed.txtpb"))
+    assert render(Snapshot(observed_servegraph(), rayservice(config), EVENTS, SERVE), NOW) == EXPECTED
+
+
+def test_without_ray_serve_the_tree_says_what_the_config_asks_for_and_why() -> None:
+    config = serve_config_yaml(load_graph(SAMPLES / "observed.txtpb"))
+    note = "the API server's service proxy answered 403 Forbidden"
+    text = render(Snapshot(observed_servegraph(), rayservice(config), EVENTS, None, note), NOW)
+    assert f"  (replicas: what the config asks for; live counts unavailable: {note})\n" in text
+    assert (
+        "  pipeline                                                sequence                       HEALTHY  want 1\n"
+        in text
+    )
+
+
+def test_switch_and_splitter_edges_autoscaling_and_a_shared_node() -> None:
+    app = graph_pb2.Application(name="app", route_prefix="/app", ingress="split")
+    app.nodes["a"].CopyFrom(deployment("pkg.mod:A"))
+    app.nodes["b"].CopyFrom(deployment("pkg.mod:B"))
+    app.nodes["b"].scaling.autoscaling.min_replicas = 1
+    app.nodes["b"].scaling.autoscaling.max_replicas = 4
+    sw = app.nodes["sw"].switch
+    sw.header = "X-Kind"
+    sw.cases.add(equals="x", node=graph_pb2.NodeRef(id="a", retries=2))
+    sw.default.id = "b"
+    app.nodes["split"].splitter.routes.add(node=graph_pb2.NodeRef(id="sw"), weight=90)
+    app.nodes["split"].splitter.routes.add(node=graph_pb2.NodeRef(id="a"), weight=10)
+    config = serve_config_yaml(to_model(graph(app)))
+    sg = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"rayServiceName": "g"}}
+    text = render(Snapshot(sg, {"spec": {"serveConfigV2": config}}), NOW)
+    assert text.endswith(
+        "Conditions:\n"
+        "  none yet\n"
+        "Graph as deployed:\n"
+        "app  /app  NOT REPORTED\n"
+        "  NODE                         KIND                     STATE  REPLICAS\n"
+        "  split                        splitter                        want 1\n"
+        "  ├─ sw [90%]                  switch on header x-kind         want 1\n"
+        "  │  ├─ a [= 'x'] (retries 2)  pkg.mod:A                       want 1\n"
+        "  │  └─ b [default]            pkg.mod:B                       want 1..4\n"
+        "  └─ a [10%]                   pkg.mod:A                                  (shown above)\n"
+    ), text
+    assert "Last rollout:  none recorded" in text
+    assert "Graph:         none applied yet" in text
+
+
+def test_no_rayservice_yet() -> None:
+    sg = {"metadata": {"name": "g", "namespace": "ns"}, "status": {}}
+    assert render(Snapshot(sg), NOW).endswith("Graph as deployed:\n  no RayService (or no serveConfigV2) yet\n")
+
+
+def test_ages_read_like_kubectls() -> None:
+    assert [age(t, NOW) for t in ("2026-11-23T10:04:58Z", "2026-11-23T10:03:30Z", "2026-11-23T07:00:00Z")] == [
+        "2s",
+        "1m",
+        "3h",
+    ]
+    assert age("2026-11-20T10:05:00Z", NOW) == "3d"
+    assert age(None, NOW) == age("garbage", NOW) == "?"
+
+
+def test_the_rollout_and_the_history_from_the_status() -> None:
+    sg = {
+        "metadata": {"name": "g", "namespace": "ns"},
+        "status": {
+            "rollout": {
+                "version": "1",
+                "digest": "a" * 64,
+                "phase": "Serving",
+                "cause": "rollback",
+                "from": "b" * 64,
+                "startedAt": "2026-11-23T10:03:00Z",
+                "readyAt": "2026-11-23T10:04:00Z",
+            },
+            "history": [
+                {
+                    "version": "1",
+                    "digest": "a" * 64,
+                    "outcome": "Serving",
+                    "appliedAt": "2026-11-23T10:03:00Z",
+                    "readyAt": "2026-11-23T10:04:00Z",
+                },
+                {
+                    "version": "2",
+                    "digest": "b" * 64,
+                    "outcome": "RolledBack",
+                    "appliedAt": "2026-11-23T10:01:00Z",
+                    "message": "ApplicationFailed: app: DEPLOY_FAILED",
+                },
+            ],
+        },
+    }
+    text = render(Snapshot(sg), NOW)
+    assert "Rollout:       version '1' Serving (rolling back from bbbbbbbbbbbb), started 2m ago, Ready 1m ago\n" in text
+    assert "Last rollout" not in text, "the status says it: no need for Events"
+    assert (
+        "History:\n"
+        "  VERSION  OUTCOME     DIGEST        APPLIED  READY  MESSAGE\n"
+        "  '1'      Serving     aaaaaaaaaaaa  2m       1m\n"
+        "  '2'      RolledBack  bbbbbbbbbbbb  4m       -      ApplicationFailed: app: DEPLOY_FAILED\n"
+    ) in text, text
