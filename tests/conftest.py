@@ -12,6 +12,8 @@ from support import REGISTRY_TOKEN, testenv_dir
 
 from servegraph_testbed.registry import Registry, RegistryServer
 
+pytest_plugins = ("servegraph_testbed.pytest_plugin",)  # SIGTERM tears down like Ctrl-C
+
 
 @pytest.fixture(scope="session")
 def kuberay_crds() -> Path:

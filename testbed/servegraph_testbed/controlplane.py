@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -98,6 +99,9 @@ class ControlPlane:
         self._etcd: Component | None = None
         self._apiserver: Component | None = None
         self._spawned: list[Component] = []
+        self._clients: set[subprocess.Popen[str]] = set()
+        """kubectl/helm runs in flight (from any thread): stop() ends them, see `run`."""
+        self._clients_lock = threading.Lock()
         self._installed_crds: dict[str, str] = {}
         self.etcd_port = 0
         self.apiserver_port = 0
@@ -149,6 +153,10 @@ class ControlPlane:
         Safe to call twice and after a failed start.
         """
         atexit.unregister(self.stop)
+        with self._clients_lock:
+            clients = list(self._clients)
+        for proc in clients:  # by pid; each `run` reaps its own
+            proc.kill()
         components = [*reversed(self._spawned), self._apiserver, self._etcd]
         self._spawned.clear()
         self._apiserver = self._etcd = None
@@ -428,11 +436,38 @@ class ControlPlane:
         stdin: str | None = None,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a short command as `identity` (KUBECONFIG set; Helm's homes in the work dir)."""
+        """Run a short command as `identity` (KUBECONFIG set; Helm's homes in the work dir).
+
+        Tracked until it ends, so that stop() can end it: a `kubectl rollout status` or
+        `wait` left running in a thread (an interrupted start) would otherwise retry
+        against the stopped API server until its own timeout, and keep pytest from exiting.
+        """
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig(identity)))
         for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
             env[var] = str(self.workdir / "helm" / var.lower())
-        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, check=check, env=env)
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin is not None else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        with self._clients_lock:
+            self._clients.add(proc)
+        try:
+            out, err = proc.communicate(stdin)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            with self._clients_lock:
+                self._clients.discard(proc)
+        result = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+        if check:
+            result.check_returncode()
+        return result
 
     def kubectl(
         self, *args: str, identity: str = ADMIN, stdin: str | None = None, check: bool = True

@@ -4,8 +4,15 @@ and a harness that cleans up after itself."""
 from __future__ import annotations
 
 import base64
+import json
+import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,7 @@ from servegraph_testbed import (
     ControlPlane,
     KubeRayOperator,
 )
+from servegraph_testbed.binaries import ENV_VAR
 from servegraph_testbed.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -300,3 +308,96 @@ def test_kuberay_failing_to_start_raises_with_its_log_tail(control_plane: Contro
     assert "no-such-scheduler" in failed.value.log_tail
     assert operator.pid is None
     assert "kuberay-broken" not in control_plane.pids
+
+
+CHILD_TEST = """\
+import asyncio, json, os
+from pathlib import Path
+
+import pytest
+
+from servegraph_testbed import ControlPlane
+
+
+@pytest.fixture(scope="session")
+async def plane():
+    # Like the node tier's Stack.start: a client call in a thread, stop() on any error.
+    cp = ControlPlane().start()
+    try:
+        held = {"pids": cp.pids, "workdir": str(cp.workdir), "ports": [cp.etcd_port, cp.apiserver_port]}
+        state = Path(os.environ["CHILD_STATE"])
+        state.with_suffix(".tmp").write_text(json.dumps(held))
+        state.with_suffix(".tmp").rename(state)  # whole, once the parent sees it
+        # Stands for a `kubectl rollout status` on the node tier, which keeps retrying once
+        # the API server's address is gone (a refused loopback port ends kubectl at once).
+        await asyncio.to_thread(cp.run, ["sleep", "600"])
+    except BaseException:
+        cp.stop()
+        raise
+    yield cp
+    cp.stop()
+
+
+def test_interrupted_before_it_runs(plane):
+    raise AssertionError("the parent terminates this run while the fixture is being set up")
+"""
+
+CHILD_OPTIONS = (
+    "-q -p no:cacheprovider -p servegraph_testbed.pytest_plugin"
+    " -o asyncio_mode=auto -o asyncio_default_fixture_loop_scope=session"
+)
+
+
+# The child either as a terminal starts it, or with SIGINT ignored, as a shell starts a
+# background job (CI may): SIG_IGN survives exec, and Python then leaves SIGINT alone.
+IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+)
+LAUNCH = {"sigint-handled": [], "sigint-ignored": [sys.executable, "-c", IGNORING_SIGINT]}
+
+
+@pytest.mark.parametrize("launch", LAUNCH)
+def test_a_terminated_test_run_stops_its_control_plane(tmp_path: Path, testenv_binaries: Binaries, launch: str) -> None:
+    """SIGTERM (CI's timeout, `kill`) to a pytest run starting a control plane in an async
+    session fixture, as the node tier's does: etcd and the API server are stopped, their
+    directory removed, their ports freed, the client command the setup was waiting on
+    ended — as after Ctrl-C. Without the plugin, pytest dies on the spot and all keep
+    running; if stop() left the command, pytest would wait for it (600 s) before exiting."""
+    (tmp_path / "test_child.py").write_text(CHILD_TEST)
+    state = tmp_path / "state.json"
+    child = subprocess.Popen(
+        [*LAUNCH[launch], sys.executable, "-m", "pytest", *CHILD_OPTIONS.split(), "test_child.py"],
+        cwd=tmp_path,
+        env={**os.environ, "CHILD_STATE": str(state), ENV_VAR: str(testenv_binaries.root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pids: dict[str, int] = {}
+    workdir = None
+    try:
+        deadline = time.monotonic() + 90
+        while not state.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state.exists(), f"the child never started its control plane: {child.communicate(timeout=30)[0]!r}"
+        held = json.loads(state.read_text())
+        pids, workdir, ports = held["pids"], Path(held["workdir"]), held["ports"]
+        assert set(pids) == {"etcd", "kube-apiserver"} and all(_group_members(p) for p in pids.values())
+
+        child.send_signal(signal.SIGTERM)
+        try:
+            out = child.communicate(timeout=60)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            raise AssertionError("pytest still running 60 s after SIGTERM") from None
+        assert child.returncode == pytest.ExitCode.INTERRUPTED, (child.returncode, out[-2000:])
+        assert not any(_group_members(p) for p in pids.values()), out[-2000:]
+        assert not _group_members(child.pid), "the command the child's fixture ran is still running"
+        assert not workdir.exists()
+        assert all(_port_is_free(port) for port in ports)
+    finally:
+        for pgid in [child.pid, *pids.values()]:  # whatever a failed assertion left, by group
+            if _group_members(pgid):
+                os.killpg(pgid, signal.SIGKILL)
+        child.wait(timeout=30)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)

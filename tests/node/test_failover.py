@@ -31,7 +31,8 @@ async def test_a_killed_leader_is_replaced_by_the_standby_and_a_change_made_mean
     stack.cp.kubectl("delete", "pod", leader, "-n", ns, "--grace-period=0", "--force")
 
     # The change arrives while nobody leads: a new version and its "published" event
-    # (the events endpoint runs on every replica; the standby's answers).
+    # (the events endpoint runs on every replica; the standby's answers). A connection
+    # kube-proxy still sends to the dead pod times out after 3 s and is retried.
     await stack.publish(registry_name, mini("2", positive=["fine"]).SerializeToString())
 
     async def event_accepted() -> bool:

@@ -205,7 +205,12 @@ class Stack:
             return resp.headers["ETag"]
 
     async def post_published_event(self, graph: str) -> dict[str, Any]:
-        """POST the "graph published" CloudEvent to the operator's Service (events port)."""
+        """POST the "graph published" CloudEvent to the operator's Service (events port).
+
+        A short connect timeout, as a publisher should use: right after an operator pod
+        dies, kube-proxy may still send a connection to it, and that connection never
+        answers (aiohttp's default waits 30 s before giving up); a quick retry reaches
+        the live replica instead."""
         assert self.installed is not None
         ip = self.service_ip(self.installed.operator_namespace, self.installed.operator_deployment)
         headers = {
@@ -218,7 +223,7 @@ class Stack:
             "Content-Type": "application/json",
         }
         async with (
-            aiohttp.ClientSession() as session,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, sock_connect=3)) as session,
             session.post(f"http://{ip}:8081/v1/events", data=b"{}", headers=headers) as resp,
         ):
             body: dict[str, Any] = await resp.json()
