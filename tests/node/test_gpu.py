@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
-from node_support import RAY_PODS, wait_ready
+from node_support import RAY_PODS, figure, wait_ready
 from support import SAMPLES
 
-from servegraph_testbed.node.stack import Stack, ask
+from servegraph_testbed.node.stack import Stack, answer
 
 # The sample's GPU group selects nodes by this label (cloud.google.com/gke-accelerator).
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator=nvidia-l4"
@@ -35,6 +36,7 @@ async def test_heterogeneous_sample_gpu_group_is_scheduled_with_its_gpu_request(
     overrides = {"image": stack.cluster.images.ref("ray"), "head": RAY_PODS["head"], "workers": workers}
     stack.apply(stack.servegraph_manifest(namespace, "heterogeneous", f"{namespace}-het", overrides))
     await wait_ready(stack, namespace, "heterogeneous", within=420)
+    ready_at = time.monotonic()
 
     pods = json.loads(stack.cp.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
     gpu_pods = [p for p in pods if p["metadata"]["labels"].get("ray.io/group") == "gpu"]
@@ -49,5 +51,11 @@ async def test_heterogeneous_sample_gpu_group_is_scheduled_with_its_gpu_request(
     cpu_pods = [p for p in pods if p["metadata"]["labels"].get("ray.io/group") == "cpu"]
     assert cpu_pods and all("nvidia.com/gpu" not in p["spec"]["containers"][0]["resources"]["limits"] for p in cpu_pods)
 
-    status, body = await ask(stack.serve_url(namespace, "heterogeneous", "/embed"), {"text": "a fine day"})
+    # The first request right after Ready is the one that has been lost on its way (once
+    # in CI, once in a diagnostic run): sent again, and every loss reported.
+    lost: list[str] = []
+    status, body = await answer(
+        stack.serve_url(namespace, "heterogeneous", "/embed"), {"text": "a fine day"}, lost=lost
+    )
+    figure(f"GPU sample: Ready -> first answer {time.monotonic() - ready_at:.1f} s; requests lost on the way: {lost}")
     assert status == 200 and len(body["embedding"]) == 16, body

@@ -7,7 +7,7 @@ import time
 
 from node_support import TEXT, LoadLoop, condition, deploy, figure, mini, wait_ready
 
-from servegraph_testbed.node.stack import Stack, ask
+from servegraph_testbed.node.stack import Stack, answer, ask
 
 
 async def test_servegraph_becomes_ready_from_kuberay_and_its_route_answers(stack: Stack, namespace: str) -> None:
@@ -27,7 +27,7 @@ async def test_servegraph_becomes_ready_from_kuberay_and_its_route_answers(stack
 
     # A real answer, through KubeRay's serve Service and kube-proxy.
     url = stack.serve_url(namespace, "mini", "/sentiment")
-    status, body = await ask(url, {"text": "a great and good day"})
+    status, body = await answer(url, {"text": "a great and good day"})  # the first: resent if lost
     assert (status, body) == (200, {"label": "positive", "score": 1.0})
     status, body = await ask(url, {"text": "an awful, boring day"})
     assert (status, body) == (200, {"label": "negative", "score": -1.0})

@@ -26,7 +26,7 @@ from node_support import (
 )
 
 from servegraph.v1 import graph_pb2
-from servegraph_testbed.node.stack import Stack, ask
+from servegraph_testbed.node.stack import Stack, answer
 
 
 async def _roll(
@@ -84,7 +84,8 @@ async def test_an_appended_worker_group_is_added_to_the_running_cluster(stack: S
     pods = json.loads(stack.cp.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
     gpu = [p for p in pods if p["metadata"]["labels"].get("ray.io/group") == "gpu"]
     assert gpu and gpu[0]["metadata"]["labels"]["ray.io/cluster"] == cluster
-    status, body = await ask(stack.serve_url(namespace, "mini", "/embed"), {"text": "a fine day"})
+    # The new application's first request, like the GPU sample's: sent again if lost.
+    status, body = await answer(stack.serve_url(namespace, "mini", "/embed"), {"text": "a fine day"})
     assert status == 200 and len(body["embedding"]) == 4, body
 
 
