@@ -322,11 +322,13 @@ async def answer(
 ) -> tuple[int, Any]:
     """The graph's first response to `payload`, sending again a request lost on its way.
 
-    Right after Ready, a request through the Service can be lost: refused, never
-    connected, or left without an answer (seen 2 times in about 13 runs of the GPU
-    sample; docs/testenv.md). A client of a Service sends such a request again, and so
-    does this; each loss is appended to `lost` so a test can report it. Any HTTP response,
-    whatever its status, is returned at once: a wrong answer is the caller's to judge.
+    A connection made in the instant a Service's first endpoint becomes ready can be
+    dropped inside the node, TCP's resends with it (docs/testenv.md, "Requests right
+    after Ready"), and KubeRay reports Ready in about that instant. So a lost request
+    (refused, never connected, no response in `limit_s`) is sent again on a new
+    connection, as any client of a Service should, and each loss is appended to `lost`
+    for the test to report. Any HTTP response is returned at once, whatever its status:
+    a wrong answer is the caller's to judge.
     """
     losses = lost if lost is not None else []
     started = time.monotonic()
