@@ -10,7 +10,7 @@ BUF_DIR := $(HOME)/.cache/servegraph/buf-$(BUF_VERSION)
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 PYTEST_ARGS ?=
 
-.PHONY: venv testenv images proto proto-check lint test test-fast test-node test-unit demo demo-check bench clean
+.PHONY: venv testenv images proto proto-check lint test test-fast test-node test-unit demo demo-check bench bench-large bench-baseline clean
 
 $(VENV)/.installed: pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,11 +71,29 @@ demo: venv
 demo-check: venv
 	@$(TESTBED) && $(PY) -m servegraph_testbed.demo --check
 
-## bench: parse+validate+render (bench/render_bench.py) and the operator on the real control plane
+BENCH_OUT ?= build/bench
+BENCH_BASELINE ?= bench/baseline.json
+OPERATOR_BENCH = SERVEGRAPH_TESTENV="$$(bash hack/testenv/build.sh | tail -n 1)" $(PY) bench/operator_bench.py \
+	--changes 200 --quiet-s 60
+
+## bench: parse+validate+render (bench/render_bench.py), then the operator on the real control plane at 1,000
+## ServeGraphs: one shared graph (the cache-hit case), then a graph each with a publish storm (BENCHMARKS.md).
+## Fails, naming the figure, when one is over 20 % worse than $(BENCH_BASELINE) (see BENCHMARKS.md).
 bench: venv
 	$(PY) bench/render_bench.py
-	@assets=$$(bash hack/testenv/build.sh | tail -n 1) && for n in 100 500 1000; do \
-	  SERVEGRAPH_TESTENV="$$assets" $(PY) bench/operator_bench.py --counts $$n --changes 200 --quiet-s 60 || exit 1; done
+	$(OPERATOR_BENCH) --shared --counts 1000 --json-out $(BENCH_OUT)/operator-shared-1000.json
+	$(OPERATOR_BENCH) --distinct --counts 1000 --json-out $(BENCH_OUT)/operator-distinct-1000.json
+	$(PY) bench/regression.py check --baseline $(BENCH_BASELINE) \
+	  $(BENCH_OUT)/operator-shared-1000.json $(BENCH_OUT)/operator-distinct-1000.json
+
+## bench-large: the operator at 10,000 ServeGraphs, a graph each, 1,000 of them republished at once
+bench-large: venv
+	$(OPERATOR_BENCH) --distinct --counts 10000 --json-out $(BENCH_OUT)/operator-distinct-10000.json
+	$(PY) bench/regression.py check --baseline $(BENCH_BASELINE) $(BENCH_OUT)/operator-distinct-10000.json
+
+## bench-baseline: record the figures of the last bench runs (every $(BENCH_OUT)/operator-*.json) as the baseline
+bench-baseline: venv
+	$(PY) bench/regression.py record --baseline $(BENCH_BASELINE) $(BENCH_OUT)/operator-*.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

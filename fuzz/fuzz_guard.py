@@ -10,8 +10,8 @@ what the operator relies on to never contact an address it refuses:
   as an address, `inet_aton` included) or an IP literal, and matches the allowlist;
 - an accepted IP literal passes `address_refusal` for its port, the rule applied where the
   connection is made (the two checks cannot disagree);
-- an IPv6 address carrying a refused IPv4 address (mapped, compatible, NAT64, 6to4,
-  Teredo, ISATAP) is refused too, for addresses drawn from the input's bytes.
+- an IPv6 address carrying a refused IPv4 address (mapped, compatible, translated, NAT64
+  and local-use NAT64, 6to4, Teredo, ISATAP) is refused too, for addresses drawn from the input's bytes.
 
 Most mutations are structure-aware: a seed URL's host rewritten with Unicode digits and
 dots, percent-encoding, numeric and IPv6 forms of refused addresses, userinfo, ports,
@@ -113,6 +113,12 @@ def _embedded(data: bytes) -> None:
         f"::ffff:{v4}",
         f"::{v4}",
         f"64:ff9b::{v4}",
+        f"::ffff:0:{v4}",  # IPv4-translated (SIIT)
+        str(
+            ipaddress.IPv6Address(  # local-use NAT64 with a /48 prefix (RFC 6052's split around bits 64-71)
+                (0x0064FF9B0001 << 80) | ((int(v4) >> 16) << 64) | ((int(v4) & 0xFFFF) << 40) | (noise & 0xFFFFFFFFFF)
+            )
+        ),
         str(ipaddress.IPv6Address((0x2002 << 112) | (int(v4) << 80) | (noise & ((1 << 80) - 1)))),
         str(ipaddress.IPv6Address((0x20010000 << 96) | ((noise & 0xFFFFFFFF) << 64) | (int(v4) ^ 0xFFFFFFFF))),
         str(ipaddress.IPv6Address(((noise & 0xFFFFFFFFFFFFFFFF) << 64) | (0x00005EFE << 32) | int(v4))),

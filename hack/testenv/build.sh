@@ -22,6 +22,11 @@ source "$here/versions.env"
 cache="${SERVEGRAPH_CACHE:-$HOME/.cache/servegraph}/testenv"
 tier="${SERVEGRAPH_TESTBED_TIER:-node}"
 mkdir -p "$cache"
+# One build at a time: two runs at once (a test run and a helper's, say) would both build
+# into the same temporary directory and one would lose its binaries. The second waits,
+# then finds everything built.
+exec 9>"$cache/.build.lock"
+flock 9
 
 export GOFLAGS="-mod=readonly -trimpath"
 export CGO_ENABLED=0

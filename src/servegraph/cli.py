@@ -1,4 +1,4 @@
-"""The `servegraph` command: validate, render, inspect, pack, diff, up/down, run, rollback, status.
+"""The `servegraph` command: validate, render, inspect, pack, diff, up/down, run, rollback, restart, status.
 
 Errors are one line per problem on stderr and a non-zero exit code, never a
 traceback: the people reading them are registry authors, not Python developers.
@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from servegraph.extras import MissingExtra
-from servegraph.graph import Format, GraphError, decode, encode, load_graph
+from servegraph.graph import Format, GraphError, Problem, decode, encode, load_graph
 from servegraph.graph.validate import to_model
 from servegraph.operator import command as operator_command
 from servegraph.operator import rollout_command
+from servegraph.operator.spec import pod_overrides
 from servegraph.raydash import command as raydash_command
 from servegraph.render import RayServiceOptions, render_rayservice, serve_config_yaml
 from servegraph.render.inspect import describe, to_dot
@@ -50,8 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servegraph", description="Run serving graphs on Ray in Kubernetes.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    pods_help = (
+        "a ServeGraph manifest, or its spec.rayService section, whose head and worker overrides "
+        "the graph must fit (worker counts are planned for those pods)"
+    )
     p = sub.add_parser("validate", help="check a graph; every problem on stderr")
     p.add_argument("file", type=Path)
+    p.add_argument("--pods", type=Path, metavar="FILE", help=pods_help)
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("render", help="print the Ray Serve config or the KubeRay RayService as YAML")
@@ -61,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace")
     p.add_argument("--image", help="Ray image for head and workers")
     p.add_argument("--ray-version")
+    p.add_argument("--pods", type=Path, metavar="FILE", help=pods_help)
     p.set_defaults(func=_render)
 
     p = sub.add_parser("inspect", help="summarise applications, nodes, edges, resources, worker groups")
@@ -84,9 +95,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> int:
     graph = load_graph(args.file)
+    fits = ""
+    if args.pods is not None:
+        render_rayservice(graph, _with_pods(RayServiceOptions(name=graph.name or "graph"), args.pods))
+        fits = f", fits the pods of {args.pods}"
     apps = len(graph.applications)
     print(
-        f"{args.file}: graph {graph.name!r} version {graph.version!r} is valid ({apps} applications, {graph.node_count} nodes)"
+        f"{args.file}: graph {graph.name!r} version {graph.version!r} is valid "
+        f"({apps} applications, {graph.node_count} nodes){fits}"
     )
     return 0
 
@@ -102,8 +118,25 @@ def _render(args: argparse.Namespace) -> int:
         image=args.image,
         ray_version=args.ray_version,
     )
+    if args.pods is not None:
+        options = _with_pods(options, args.pods)
     sys.stdout.write(dump_yaml(render_rayservice(graph, options)))
     return 0
+
+
+def _with_pods(options: RayServiceOptions, path: Path) -> RayServiceOptions:
+    """The options with the head and worker overrides of a ServeGraph (or its rayService section)."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise GraphError([Problem(str(path), f"not YAML: {exc}")]) from None
+    ray_service: Any = doc
+    if isinstance(doc, Mapping) and isinstance(doc.get("spec"), Mapping):
+        ray_service = doc["spec"].get("rayService") or {}
+    if not isinstance(ray_service, Mapping):
+        raise GraphError([Problem(str(path), "must be a ServeGraph or its spec.rayService mapping")])
+    head, workers = pod_overrides(ray_service)
+    return replace(options, head=head, workers=workers)
 
 
 def _inspect(args: argparse.Namespace) -> int:

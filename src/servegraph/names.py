@@ -24,12 +24,17 @@ RAY_KIND = "RayService"
 # On every RayService the operator owns; the operator's RayService watch selects by it.
 GRAPH_LABEL = f"{GROUP}/graph"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# On a ServeGraph: which operator shard reconciles it (`servegraph run --shard`); none: the main one.
+SHARD_LABEL = f"{GROUP}/shard"
 MANAGED_BY = "servegraph"
 
 # sha256 over what servegraph renders: equal hashes mean there is nothing to write.
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 # Set on a ServeGraph (by users or the events endpoint) to download its graph again.
 REFRESH_ANNOTATION = f"{GROUP}/refresh"
+# Set on a ServeGraph (by users or `servegraph restart`) to roll its Ray cluster: the value is
+# rendered into the head and worker pod templates, so KubeRay builds a new cluster.
+RESTARTED_AT_ANNOTATION = f"{GROUP}/restartedAt"
 
 # Server-side apply's field manager, and the component named on Events and in the user agent.
 FIELD_MANAGER = "servegraph-operator"

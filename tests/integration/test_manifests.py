@@ -267,6 +267,7 @@ NAMESPACED_VALUES = {
     "allowedSourceHosts": ["registry.example.com", "*.graphs.example.org"],
     "deniedSourceNetworks": ["10.96.0.0/12", "fd00:10:96::/112"],
     "allowedSourceNetworks": ["127.0.0.0/8"],
+    "allowInsecureHTTPSources": True,
     "limits": {"maxGraphBytes": 8388608, "maxFetchSeconds": 30.5, "fetchesPerNamespace": 3},
 }
 
@@ -290,6 +291,7 @@ def test_helm_lint_is_clean(control_plane: ControlPlane, tmp_path: Path) -> None
         ("watchNamespaces={Team_A}", "Team_A"),
         ("deniedSourceNetworks={10.96.0.0}", "/deniedSourceNetworks/0"),
         ("limits.maxGraphBytes=10", "/limits/maxGraphBytes"),
+        ("allowInsecureHTTPSources=yes", "/allowInsecureHTTPSources"),
     ]:
         result = control_plane.helm("lint", str(CHART), "--set", bad, check=False)
         assert result.returncode != 0 and message in result.stdout + result.stderr, result.stdout
@@ -348,8 +350,45 @@ def test_helm_namespaced_render_applies_on_the_server(
     # The administrator's source policy and limits (docs/security.md) reach the operator.
     assert "--denied-source-networks=10.96.0.0/12,fd00:10:96::/112" in args
     assert "--allowed-source-networks=127.0.0.0/8" in args
+    assert "--allow-insecure-http-sources" in args
     assert {"--max-graph-bytes=8388608", "--max-fetch-seconds=30.5", "--fetches-per-namespace=3"} <= set(args)
     assert f"--events-token-secret=$(POD_NAMESPACE)/{OPERATOR}-events-token" in args
+
+
+def test_helm_shards_render_one_operator_each_on_its_own_lease(control_plane: ControlPlane) -> None:
+    """`shards`: a Deployment, Service and PodDisruptionBudget per shard, whose pods no other
+    shard's (or the main instance's) selector matches; the main instance takes the unlabelled."""
+    _create_namespace(control_plane, SYSTEM_NS)
+    rendered = _helm_template(
+        control_plane, SYSTEM_NS, "--set=shards[0].name=a", "--set=shards[1].name=b", "--set=shards[1].replicaCount=3"
+    )
+    _dry_run(control_plane, "-f", "-", stdin=rendered)
+    objs = _docs(rendered)
+    deployments = {d["metadata"]["name"]: d for d in _find(objs, "Deployment")}
+    assert set(deployments) == {OPERATOR, f"{OPERATOR}-shard-a", f"{OPERATOR}-shard-b"}
+    assert deployments[f"{OPERATOR}-shard-b"]["spec"]["replicas"] == 3
+    leases, owners = set(), {}
+    for name, deployment in deployments.items():
+        args = _container(deployment)["args"]
+        leases.add(next(a for a in args if a.startswith("--leader-election-id=")))
+        owners[name] = [a for a in args if a.startswith("--shard")]
+        pods = _pod_labels(deployment)
+        for other in deployments.values():  # selectors are disjoint: each Deployment, Service and PDB one shard's
+            selects = other["spec"]["selector"]["matchLabels"].items() <= pods.items()
+            assert selects == (other is deployment), f"{other['metadata']['name']} selects {name}'s pods"
+        for kind in ("Service", "PodDisruptionBudget"):
+            (mine,) = [
+                o
+                for o in _find(objs, kind)
+                if (o["spec"]["selector"].get("matchLabels") or o["spec"]["selector"]).items() <= pods.items()
+            ]
+            assert mine["metadata"]["name"] == name
+    assert len(leases) == 3, f"shards share a Lease: {leases}"
+    assert owners == {
+        OPERATOR: ["--shard-default"],
+        f"{OPERATOR}-shard-a": ["--shard=a"],
+        f"{OPERATOR}-shard-b": ["--shard=b"],
+    }
 
 
 def _allowed(cp: ControlPlane, user: str, namespace: str, verb: str, group: str, resource: str, name: str = "") -> bool:
@@ -369,15 +408,17 @@ def _allowed(cp: ControlPlane, user: str, namespace: str, verb: str, group: str,
     return bool(review["status"].get("allowed"))
 
 
-def _granted(role_file: Path) -> list[tuple[str, str, str]]:
-    """(verb, group, resource) for every rule of a role file."""
+def _granted(role_file: Path) -> list[tuple[str, str, str, str]]:
+    """(verb, group, resource, name) for every rule of a role file (name: "" unless the
+    rule is narrowed to named objects)."""
     rules = yaml.safe_load(role_file.read_text())["rules"]
     return [
-        (verb, group, res)
+        (verb, group, res, name)
         for rule in rules
         for group in rule["apiGroups"]
         for res in rule["resources"]
         for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or [""]
     ]
 
 
@@ -481,7 +522,8 @@ def test_deployment_is_hardened(source: str, kustomized: list[Obj], charted: lis
     # Leader election on; its identity and namespace from the downward API.
     assert "--leader-elect" in container["args"]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
-    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    # POD_IPS: the operator refuses its own pod as a graph source (docs/security.md).
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IPS": "status.podIPs"}
 
 
 def _pod_labels(deployment: Obj) -> dict[str, str]:

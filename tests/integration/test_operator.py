@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import pytest
 import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 from sg_support import (
     OPERATOR_USER,
@@ -24,7 +27,12 @@ from sg_support import (
 from support import REGISTRY_TOKEN, SAMPLES
 
 from servegraph.graph import load_graph
+from servegraph.operator.blockers import NO_APPLICATION, POD_HINT, mirror_pending
+from servegraph.operator.conditions import Condition
+from servegraph.operator.status import GoodGraph, Observed, Outcome, report
 from servegraph.render import serve_config_yaml
+from servegraph.statustree.gather import gather
+from servegraph.statustree.tree import render
 from servegraph.v1 import graph_pb2
 from servegraph_testbed import WRITE_VERBS, Component, ControlPlane, KubeRayOperator
 from servegraph_testbed.registry import RegistryServer
@@ -262,7 +270,7 @@ async def test_status_mirrors_applications_and_ready_needs_all_running(kit: Kit)
 
     await set_app("DEPLOY_FAILED", "replica crashed")
     cond = await kit.wait_condition("g", "Ready", "False", "ApplicationsNotRunning")
-    assert cond["message"] == "sentiment: DEPLOY_FAILED"
+    assert cond["message"] == 'application "sentiment": replica crashed; sentiment: DEPLOY_FAILED'
     apps = (await kit.get_sg("g"))["status"]["applications"]
     assert apps["sentiment"]["message"] == "replica crashed"
     assert apps["sentiment"]["deployments"]["sentiment"] == {"status": "UNHEALTHY"}
@@ -299,7 +307,9 @@ def test_operator_identity_has_only_the_shipped_permissions(operator: Component,
         return out.stdout.strip() == "yes"
 
     assert can("patch", "rayservices.ray.io") and can("patch", "servegraphs.servegraph.io", "--subresource=status")
-    assert not can("delete", "rayservices.ray.io")
+    assert can("delete", "rayservices.ray.io")  # spec.suspend; no other delete
+    assert not can("delete", "rayclusters.ray.io") and not can("delete", "configmaps")
+    assert not can("delete", "servegraphs.servegraph.io")
     assert not can("update", "servegraphs.servegraph.io")
     assert not can("list", "pods")
     assert not can("create", "secrets")
@@ -351,3 +361,137 @@ async def test_metrics_endpoint(kit: Kit) -> None:
     assert samples['servegraph_reconcile_duration_seconds_count{result="success"}'] >= 1
     assert samples['servegraph_fetch_duration_seconds_count{code="200"}'] >= 1
     assert samples['servegraph_servegraphs{condition="Applied",status="True"}'] >= 1
+
+
+async def test_a_first_cluster_that_never_starts_is_named_and_servegraph_status_says_why(
+    kit: Kit, kuberay: KubeRayOperator, control_plane: ControlPlane
+) -> None:
+    """The real KubeRay's report: with no kubelet here its first Ray cluster never starts. The
+    ServeGraph names that cluster and where to look, instead of "no application status yet";
+    `servegraph status` reads the RayCluster and its pods, fresh, with the caller's credentials."""
+    _, rs = await _applied(kit)
+
+    async def starting() -> dict[str, Any] | None:
+        status: dict[str, Any] = (await kit.get_sg("g")).get("status") or {}
+        return status if (status.get("pending") or {}).get("rayClusterName") else None
+
+    status = await eventually(starting, within=60, what="KubeRay's pending Ray cluster in the status")
+    name = status["pending"]["rayClusterName"]
+    rc = await eventually(  # KubeRay names the cluster in the status before it creates it
+        lambda: kit.custom.get_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayclusters", name),
+        within=60,
+        what=f"RayCluster {name}",
+    )
+    assert rc["metadata"]["ownerReferences"][0]["uid"] == rs["metadata"]["uid"], "the cluster KubeRay made for it"
+    assert status["pending"] == {"rayClusterName": name, "applications": {}}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Ready"]["reason"], conditions["Ready"]["message"]) == (
+        "WaitingForApplications",
+        f"KubeRay is starting Ray cluster {name}: {NO_APPLICATION}; {POD_HINT}",
+    )
+    assert conditions["Progressing"]["message"].endswith(f"; Ray cluster {name}: {NO_APPLICATION}; {POD_HINT}")
+
+    # `servegraph status` as admin: KubeRay's RayCluster as it is now, and its pods, none scheduled.
+    async def status_text(identity: str = "admin") -> tuple[Any, str]:
+        kubeconfig = str(control_plane.kubeconfig(identity))
+        snap = await gather("g", kit.namespace, kubeconfig=kubeconfig, live_replicas=False)
+        return snap, render(snap, datetime.now(UTC))
+
+    async def head_not_ready() -> tuple[Any, str] | None:
+        snap, text = await status_text()
+        return (snap, text) if "(head pod not ready, 0 of 1 workers ready)" in text else None
+
+    snap, text = await eventually(head_not_ready, within=60, what="KubeRay's RayCluster status read by the command")
+    assert f"Starting:      Ray cluster {name} (head pod not ready, 0 of 1 workers ready), not serving yet\n" in text
+    assert {p["metadata"]["labels"]["ray.io/cluster"] for p in snap.pods} == {name}
+    roles = sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in snap.pods)
+    assert roles == ["head", "worker"], roles
+    (head,) = [p["metadata"]["name"] for p in snap.pods if p["metadata"]["labels"]["ray.io/node-type"] == "head"]
+    assert f"\n  {head} (head)  Pending  no scheduling decision yet\n" in text, text
+    assert "(worker cpu)  Pending  no scheduling decision yet\n" in text, text
+
+    # Standing in for kube-scheduler, which this tier does not run (the node tier has the real one):
+    # its verdict written to the head pod's status as the scheduler writes it, read back by the command.
+    verdict = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: not eligible."
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": verdict}
+    await kit.core.patch_namespaced_pod_status(
+        head, kit.namespace, {"status": {"conditions": [scheduled]}}, _content_type="application/merge-patch+json"
+    )
+    _, text = await status_text()
+    assert f"\n  {head} (head)  Pending  not scheduled: Unschedulable: {verdict}\n" in text, text
+
+    # A caller who may read all but pods gets the tree and a line saying so; nothing fails.
+    readable = [("servegraph.io", "servegraphs"), ("ray.io", "rayservices"), ("ray.io", "rayclusters")]
+    await _grant(kit, "restricted-user", [(g, r, "get") for g, r in readable] + [("", "events", "list")])
+    snap, text = await status_text("restricted-user")
+    forbidden = 'the API server answered HTTP 403: pods is forbidden: User "restricted-user" cannot list'
+    assert snap.pods == [] and (snap.ray_note or "").startswith(forbidden), snap.ray_note
+    assert f"Ray pods:      not read: {forbidden}" in text
+    assert f"Starting:      Ray cluster {name} (head pod not ready, 0 of 1 workers ready)" in text
+
+
+async def _grant(kit: Kit, user: str, rules: list[tuple[str, str, str]]) -> None:
+    """A Role in the test's namespace with these (group, resource, verb) rules, bound to `user`."""
+    rbac = client.RbacAuthorizationV1Api(kit.api)
+    role = {
+        "metadata": {"name": f"{user}-status"},
+        "rules": [{"apiGroups": [g], "resources": [r], "verbs": [v]} for g, r, v in rules],
+    }
+    await rbac.create_namespaced_role(kit.namespace, role)
+    binding = {
+        "metadata": {"name": f"{user}-status"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{user}-status"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    await rbac.create_namespaced_role_binding(kit.namespace, binding)
+
+
+async def test_the_crd_keeps_a_stuck_rollouts_status_whole(
+    kit: Kit, api_client_for: Callable[..., Awaitable[Any]]
+) -> None:
+    """The status the operator writes for a rollout stuck in its pending cluster, through the real
+    CRD schema: nothing pruned, nothing refused. The RayService status it is computed from is written
+    here as KubeRay would write it once Ray Serve reports (no Ray runs on this tier): the schema is
+    what is tested, not serving."""
+    unscheduled = (
+        "Deployment 'tokenizer' in application 'sentiment' has 1 replicas that have taken more than 30s to be "
+        'scheduled. Resources required for each replica: {"CPU": 0.1}, total resources available: {}.'
+    )
+    long = "Replicas wait for: " + ", ".join(f'"node-{i}": {{"CPU": 4}}' for i in range(200)) + "."
+    kuberay_status = {
+        "pendingServiceStatus": {
+            "rayClusterName": "g-x7k2p",
+            "applicationStatuses": {
+                "sentiment": {
+                    "status": "DEPLOYING",
+                    "message": long,
+                    "serveDeploymentStatuses": {
+                        "sentiment": {"status": "HEALTHY"},
+                        "tokenizer": {"status": "UPDATING", "message": unscheduled},
+                    },
+                }
+            },
+        }
+    }
+    pending = mirror_pending({"status": kuberay_status})
+    assert pending is not None and len(pending["applications"]["sentiment"]["message"]) == 1024
+    good = GoodGraph(load_graph(SAMPLES / "mini.pb"), hashlib.sha256(sample_bytes("mini")).hexdigest())
+    applied = Condition("Applied", True, "UpToDate", "RayService g matches the graph and spec")
+    status = report(
+        {}, 1, Observed(Outcome(applied=applied), good, None, "g", {}, pending=pending), "2026-01-01T00:00:00Z"
+    ).status
+    assert 'deployment "tokenizer": Deployment' in next(
+        c["message"] for c in status["conditions"] if c["type"] == "Ready"
+    )
+
+    # (The source 404s: whatever the operator writes next, the answer to this write is what the CRD kept.)
+    created = await kit.servegraph("g", "never-published")
+    ops = [
+        {"op": "test", "path": "/metadata/uid", "value": created["metadata"]["uid"]},
+        {"op": "add", "path": "/status", "value": status},
+    ]
+    as_operator = client.CustomObjectsApi(await api_client_for(OPERATOR_USER))
+    written = await as_operator.patch_namespaced_custom_object_status(
+        "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", "g", ops, _content_type="application/json-patch+json"
+    )
+    assert written["status"] == json.loads(json.dumps(status))

@@ -193,3 +193,284 @@ async def test_a_graph_naming_a_disallowed_image_ends_in_apply_failed(kit: Kit) 
     assert "every container image must start with one of: ghcr.io/servegraph/" in cond["message"]
     assert await kit.get_rs("evil-graph") is None
     await asyncio.sleep(0)
+
+
+async def test_an_autoscaling_graphs_rendered_autoscaler_passes_the_policy(kit: Kit) -> None:
+    """Issue 22: where a node autoscales the operator renders autoscalerOptions (the head's image,
+    the ServeGraph's idle timeout and sidecar resources); the policy, which checks that
+    image, lets it through, and KubeRay's CRD keeps every field."""
+    graph = graph_pb2.Graph.FromString(sample_bytes("mini"))
+    scaling = graph.applications[0].nodes["sentiment"].scaling
+    scaling.ClearField("num_replicas")
+    scaling.autoscaling.min_replicas, scaling.autoscaling.max_replicas = 1, 3
+    kit.registry.registry.publish("autoscaled", graph.SerializeToString())
+    autoscaler = {"idleTimeoutSeconds": 30, "upscalingMode": "Default", "resources": {"limits": {"memory": "1Gi"}}}
+    body = _servegraph(kit, "autoscaled", {"autoscaler": autoscaler})
+    body["spec"]["source"]["caBundle"] = {"secretRef": {"name": "registry-ca"}}
+    await kit.custom.create_namespaced_custom_object("servegraph.io", "v1alpha1", kit.namespace, "servegraphs", body)
+    await kit.wait_condition("autoscaled", "Applied", "True", within=60)
+    rs = await kit.get_rs("autoscaled")
+    assert rs is not None
+    cluster = rs["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"] == {
+        "image": head["image"],
+        "idleTimeoutSeconds": 30,
+        "upscalingMode": "Default",
+        "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "500m", "memory": "1Gi"}},
+    }
+    assert head["image"].startswith("ghcr.io/servegraph/")
+
+
+# -- issue 21, case 4: every field of a Ray object that becomes a pod or a Service ------------
+
+
+def _full_rayservice(name: str) -> dict[str, Any]:
+    """A legitimate RayService using every pod- and Service-producing field, each as a tenant
+    may: a worker group, the autoscaler (its image and a non-root securityContext), a ClusterIP
+    serve Service and head Service."""
+    container = {
+        "name": "ray-head",
+        "image": ALLOWED,
+        "ports": [{"containerPort": 8000, "name": "serve"}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "allowPrivilegeEscalation": False},
+    }
+    worker = {"name": "ray-worker", "image": ALLOWED}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
+        "spec": {
+            "serveConfigV2": "applications: []\n",
+            "serveService": {
+                "metadata": {"name": f"{name}-serve"},
+                "spec": {"type": "ClusterIP", "ports": [{"name": "serve", "port": 8000}]},
+            },
+            "rayClusterConfig": {
+                "enableInTreeAutoscaling": True,
+                "autoscalerOptions": {
+                    "image": ALLOWED,
+                    "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+                },
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "serviceType": "ClusterIP",
+                    "headService": {"spec": {"type": "ClusterIP"}},
+                    "template": {"spec": {"securityContext": {"runAsNonRoot": True}, "containers": [container]}},
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "cpu",
+                        "replicas": 1,
+                        "minReplicas": 1,
+                        "maxReplicas": 2,
+                        "rayStartParams": {},
+                        "template": {"spec": {"containers": [worker], "initContainers": [dict(worker, name="init")]}},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def _cluster(rs: dict[str, Any]) -> dict[str, Any]:
+    cluster: dict[str, Any] = rs["spec"]["rayClusterConfig"]
+    return cluster
+
+
+def _worker(rs: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = _cluster(rs)["workerGroupSpecs"][0]["template"]["spec"]
+    return pod
+
+
+def _head(rs: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = _cluster(rs)["headGroupSpec"]["template"]["spec"]
+    return pod
+
+
+# Each is allowed by the policy before issue 21: the mutation of the legitimate RayService,
+# and the message that refuses it now.
+HOLES: dict[str, tuple[Any, str]] = {
+    "autoscaler-image": (
+        lambda rs: _cluster(rs)["autoscalerOptions"].update(image="evil.example.com/miner:1"),
+        "autoscalerOptions.image must start with one of: ghcr.io/servegraph/",
+    ),
+    "autoscaler-privileged": (
+        lambda rs: _cluster(rs)["autoscalerOptions"]["securityContext"].update(privileged=True),
+        "pod templates and autoscalerOptions may not run privileged containers",
+    ),
+    "autoscaler-capabilities": (
+        lambda rs: _cluster(rs)["autoscalerOptions"]["securityContext"].update(capabilities={"add": ["NET_ADMIN"]}),
+        "may not add capabilities other than NET_BIND_SERVICE",
+    ),
+    "autoscaler-as-root": (
+        lambda rs: _cluster(rs)["autoscalerOptions"]["securityContext"].update(runAsUser=0, runAsNonRoot=False),
+        "may not run as root",
+    ),
+    "host-port": (
+        lambda rs: _head(rs)["containers"][0]["ports"].append({"containerPort": 22, "hostPort": 22}),
+        "pod templates may not open ports on the node (ports[].hostPort)",
+    ),
+    "worker-privilege-escalation": (
+        lambda rs: _worker(rs)["initContainers"][0].update(securityContext={"allowPrivilegeEscalation": True}),
+        "may not allow privilege escalation (securityContext.allowPrivilegeEscalation)",
+    ),
+    "worker-run-as-user-0": (
+        lambda rs: _worker(rs)["containers"][0].update(securityContext={"runAsUser": 0}),
+        "may not run as root",
+    ),
+    "pod-run-as-non-root-false": (
+        lambda rs: _head(rs)["securityContext"].update(runAsNonRoot=False),
+        "may not run as root",
+    ),
+    "serve-service-external-ips": (
+        lambda rs: rs["spec"]["serveService"]["spec"].update(externalIPs=["8.8.8.8"]),
+        "may not set externalIPs: they take over traffic to any address (CVE-2020-8554)",
+    ),
+    "serve-service-node-port-type": (
+        lambda rs: rs["spec"]["serveService"]["spec"].update(type="NodePort"),
+        "(serveService, headService, headGroupSpec.serviceType) may have type ClusterIP only",
+    ),
+    "serve-service-load-balancer": (
+        lambda rs: rs["spec"]["serveService"]["spec"].update(type="LoadBalancer"),
+        "may have type ClusterIP only",
+    ),
+    "serve-service-node-port": (
+        lambda rs: rs["spec"]["serveService"]["spec"]["ports"][0].update(nodePort=30080),
+        "Service templates (serveService, headService) may not set a nodePort",
+    ),
+    "serve-service-load-balancer-ip": (
+        lambda rs: rs["spec"]["serveService"]["spec"].update(loadBalancerSourceRanges=["0.0.0.0/0"]),
+        "may not set loadBalancerIP, loadBalancerSourceRanges or loadBalancerClass",
+    ),
+    "head-service-external-ips": (
+        lambda rs: _cluster(rs)["headGroupSpec"]["headService"]["spec"].update(externalIPs=["10.0.0.1"]),
+        "may not set externalIPs",
+    ),
+    "head-ingress": (
+        lambda rs: _cluster(rs)["headGroupSpec"].update(enableIngress=True),
+        "headGroupSpec.enableIngress may not be set",
+    ),
+    "head-service-type": (
+        lambda rs: _cluster(rs)["headGroupSpec"].update(serviceType="LoadBalancer"),
+        "may have type ClusterIP only",
+    ),
+}
+
+
+async def _until_active(custom: Any, namespace: str) -> None:
+    """The policy takes effect a moment after it is created (and after each parameter change)."""
+
+    async def active() -> bool:
+        body = _full_rayservice("probe")
+        _head(body)["containers"][0]["securityContext"]["privileged"] = True  # refused since the first policy
+        try:
+            await custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayservices", body)
+        except ApiException as exc:
+            return "may not run privileged containers" in str(exc.body)
+        await custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayservices", "probe")
+        return False
+
+    await eventually(active, within=30, what="the pod policy to take effect")
+
+
+@pytest.mark.parametrize("hole", list(HOLES))
+async def test_every_pod_and_service_field_of_a_rayservice_is_held_to_the_policy(
+    kit: Kit, tenant: Any, hole: str
+) -> None:
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+    mutate, expected = HOLES[hole]
+    body = _full_rayservice("hole")
+    mutate(body)
+    message = await _refused(
+        lambda: custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", body)
+    )
+    assert expected in message
+    # the legitimate one, with every field, is allowed
+    await custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", _full_rayservice("ok"))
+
+
+async def test_a_rayjobs_submitter_pod_is_held_to_the_policy(kit: Kit, tenant: Any) -> None:
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+    submitter = {"name": "submit", "image": ALLOWED}
+    job: dict[str, Any] = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "job"},
+        "spec": {
+            "entrypoint": "python -c pass",
+            "rayClusterSpec": _cluster(_full_rayservice("job")),
+            "submitterPodTemplate": {"spec": {"restartPolicy": "Never", "containers": [submitter]}},
+        },
+    }
+    bad = copy.deepcopy(job)
+    bad["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    message = await _refused(
+        lambda: custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayjobs", bad)
+    )
+    assert "may not run privileged containers" in message
+    await custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayjobs", job)
+
+
+async def test_a_servegraphs_serve_service_is_held_to_the_policy(kit: Kit, tenant: Any) -> None:
+    """The operator refuses it too (spec.rayService.serveService, InvalidSpec); with the policy
+    installed the tenant hears it when writing the ServeGraph."""
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+
+    async def create(name: str, serve: dict[str, Any]) -> Any:
+        body = _servegraph(kit, name, {"image": ALLOWED, "serveService": serve})
+        return await custom.create_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", body
+        )
+
+    message = await _refused(lambda: create("intercept", {"spec": {"externalIPs": ["8.8.8.8"]}}))
+    assert "may not set externalIPs" in message
+    message = await _refused(lambda: create("exposed", {"spec": {"type": "LoadBalancer"}}))
+    assert "may have type ClusterIP only" in message
+    await create("fine", {"metadata": {"labels": {"team": "a"}}, "spec": {"type": "ClusterIP"}})
+
+
+async def test_the_administrator_can_allow_node_ports(kit: Kit, tenant: Any, control_plane: ControlPlane) -> None:
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+    body = _full_rayservice("nodeport")
+    HOLES["serve-service-node-port-type"][0](body)
+    HOLES["serve-service-node-port"][0](body)
+    patch = '{"data": {"allowedServiceTypes": "NodePort"}}'
+    control_plane.kubectl("patch", "configmap", "servegraph-pod-policy", "-n", SYSTEM_NS, "-p", patch)
+    try:
+
+        async def allowed() -> bool:
+            try:
+                await custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", body)
+            except ApiException as exc:
+                assert "may have type ClusterIP only" in str(exc.body) or "nodePort" in str(exc.body), exc.body
+                return False
+            return True
+
+        await eventually(allowed, within=30, what="the widened policy to take effect")
+        lb = _full_rayservice("lb")
+        HOLES["serve-service-load-balancer"][0](lb)
+        message = await _refused(
+            lambda: custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", lb)
+        )
+        assert "may have type ClusterIP, NodePort only" in message
+    finally:
+        patch = '{"data": {"allowedServiceTypes": ""}}'
+        control_plane.kubectl("patch", "configmap", "servegraph-pod-policy", "-n", SYSTEM_NS, "-p", patch)
+
+    async def shipped() -> bool:  # as shipped again, for whatever runs next
+        again = copy.deepcopy(body)
+        again["metadata"]["name"] = "nodeport-again"
+        try:
+            await custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", again)
+        except ApiException:
+            return True
+        await custom.delete_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", "nodeport-again")
+        return False
+
+    await eventually(shipped, within=30, what="the policy to be as shipped again")

@@ -8,6 +8,7 @@ import time
 
 from node_support import TEXT, LoadLoop, condition, deploy, figure, mini, servegraph, wait_ready
 
+from servegraph.operator.store import store_name
 from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
@@ -89,13 +90,23 @@ async def test_deleting_a_servegraph_removes_its_rayservice_cluster_and_pods(sta
     await deploy(stack, namespace, "mini", mini("1"))
     await wait_ready(stack, namespace, "mini")
     assert _names(stack, namespace, "rayclusters") and _names(stack, namespace, "pods")
+    kept = store_name("mini")
+
+    async def kept_graph() -> bool:  # written once the version is Ready and stable
+        return kept in _names(stack, namespace, "configmaps")
+
+    await eventually(kept_graph, within=180, interval=1, what=f"the kept-graph ConfigMap {kept}")
 
     stack.cp.kubectl("delete", "servegraph", "mini", "-n", namespace, "--wait=false")
 
     async def gone() -> bool:
-        return not any(_names(stack, namespace, kind) for kind in ("rayservices", "rayclusters", "pods", "services"))
+        owned = any(_names(stack, namespace, kind) for kind in ("rayservices", "rayclusters", "pods", "services"))
+        # Not "no ConfigMaps": every namespace keeps its kube-root-ca.crt.
+        return not owned and kept not in _names(stack, namespace, "configmaps")
 
-    await eventually(gone, within=180, interval=1, what="the RayService, its RayCluster, pods and Services gone")
+    await eventually(
+        gone, within=180, interval=1, what="the RayService, its RayCluster, pods, Services and kept graphs gone"
+    )
     assert stack.get("namespace", "", namespace) is not None, "the namespace itself stays"
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import ssl
+import struct
 import time
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,6 +19,7 @@ from support import REGISTRY_TOKEN as TOKEN
 from servegraph.source import FetchError, FetchRequest, RegistryClient, SourcePolicy
 from servegraph_testbed.registry import Fault, Registry, RegistryServer, etag_of
 
+MiB = 1024 * 1024
 BODY = b"\x0a\x04mini" + bytes(range(256)) * 40  # any bytes: the client does not parse
 # The test registry listens on loopback, which the default policy refuses: an admin's exception.
 LOOPBACK = SourcePolicy.build(allowed_networks=["127.0.0.0/8", "::1/128"])
@@ -129,6 +134,7 @@ async def test_size_limit_aborts_the_download(
     with pytest.raises(FetchError) as err:
         await client.fetch(request(registry.url("g"), ca_pem, max_bytes=len(BODY) - 1))
     assert err.value.reason == "TooLarge" and not err.value.retryable
+    assert str(len(BODY)) not in str(err.value), "a tenant learns the size of what answered"
     ok = await client.fetch(request(registry.url("g"), ca_pem, max_bytes=len(BODY)))
     assert ok.body == BODY
 
@@ -199,14 +205,34 @@ async def test_a_broken_ca_bundle_is_its_own_reason(registry: RegistryServer, cl
     assert registry.registry.requests == []
 
 
-async def test_plain_http_needs_explicit_opt_in(client: RegistryClient) -> None:
+async def test_plain_http_needs_the_administrator_and_the_servegraph(client: RegistryClient) -> None:
+    """allowInsecureHTTP alone is the tenant's word: without the operator's
+    --allow-insecure-http-sources the status must not become an oracle for internal http."""
     async with RegistryServer(Registry(token=TOKEN)) as plain:
         plain.registry.publish("g", BODY)
         with pytest.raises(FetchError) as err:
-            await client.fetch(FetchRequest(url=plain.url("g"), token=TOKEN))
-        assert err.value.reason == "InsecureURL" and plain.registry.requests == []
-        got = await client.fetch(FetchRequest(url=plain.url("g"), token=TOKEN, allow_insecure_http=True))
-        assert got.body == BODY
+            await client.fetch(FetchRequest(url=plain.url("g"), token=TOKEN, allow_insecure_http=True))
+        assert (err.value.reason, err.value.retryable) == ("SourceRefused", False)
+        assert "--allow-insecure-http-sources" in str(err.value) and plain.registry.requests == []
+        admin_allows = dataclasses.replace(LOOPBACK, allow_insecure_http=True)
+        async with RegistryClient(admin_allows) as allowed:
+            with pytest.raises(FetchError) as err:
+                await allowed.fetch(FetchRequest(url=plain.url("g"), token=TOKEN))
+            assert err.value.reason == "InsecureURL" and plain.registry.requests == []
+            got = await allowed.fetch(FetchRequest(url=plain.url("g"), token=TOKEN, allow_insecure_http=True))
+            assert got.body == BODY
+
+
+async def test_a_redirect_to_plain_http_needs_the_administrator_too(
+    registry: RegistryServer, client: RegistryClient, ca_pem: str
+) -> None:
+    async with RegistryServer(Registry(token=TOKEN)) as plain:
+        plain.registry.publish("g", BODY)
+        registry.registry.faults["g"] = Fault(redirect_to=plain.url("g"))
+        with pytest.raises(FetchError) as err:
+            await client.fetch(request(registry.url("g"), ca_pem, allow_insecure_http=True))
+        assert err.value.reason == "SourceRefused" and "--allow-insecure-http-sources" in str(err.value)
+        assert plain.registry.requests == []
 
 
 @pytest.mark.parametrize("token", ["", "  \n", "bad\r\ninjected: header"])
@@ -267,3 +293,49 @@ async def test_no_error_message_carries_the_token_or_url_secrets(
         assert registry.base_url in str(err.value)
     assert etag_of(BODY)
     await asyncio.sleep(0)
+
+
+def gzip_bomb(mib: int) -> bytes:
+    """`mib` MiB of zeros as one gzip member of about 1 KiB per MiB: identical flushed blocks,
+    so building a 1 GiB bomb costs a CRC, not a compression of 1 GiB."""
+    zeros = bytes(MiB)
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    first = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    block = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(zeros, crc)
+    return first + block * (mib - 1) + c.flush()[:-8] + struct.pack("<II", crc, (mib * MiB) & 0xFFFFFFFF)
+
+
+async def test_a_gzip_bomb_is_stopped_at_the_limit_in_bounded_memory(
+    client: RegistryClient, ca_pem: str, server_ssl: ssl.SSLContext
+) -> None:
+    """1 MB on the wire, 1 GiB inflated: the size limit counts inflated bytes, and the client
+    holds little more than the limit (aiohttp 3.12.0-3.13.2 peaked at 142-267 MiB here, 3.13.3-3.13.5
+    at 64 MiB and reported a broken connection)."""
+    bomb = gzip_bomb(1024)
+    assert len(bomb) < 1_100_000
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(body=bomb, headers={"Content-Encoding": "gzip", "Content-Type": "application/x-protobuf"})
+
+    app = web.Application()
+    app.router.add_get("/g", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl).start()
+    limit = 16 * MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(FetchError) as err:
+            await client.fetch(request(f"https://127.0.0.1:{runner.addresses[0][1]}/g", ca_pem, max_bytes=limit))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await runner.cleanup()
+    assert (err.value.reason, err.value.retryable) == ("TooLarge", False), err.value.detail
+    assert seen == ["/g"], "a bomb is not retried"
+    assert peak < 2 * limit, f"peak {peak / MiB:.0f} MiB to refuse a body over {limit / MiB:.0f} MiB"

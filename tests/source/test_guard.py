@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from support import REGISTRY_TOKEN
 
 from servegraph.source import FetchError, FetchRequest, RegistryClient, SourcePolicy
@@ -138,6 +139,13 @@ async def test_ip_literals_are_checked_where_the_connection_is_made(registry: Re
         ("2001:0:4136:e378:8000:63bf:5601:5601", True),  # Teredo whose client is 169.254.169.254 (inverted)
         ("fe80::5efe:a9fe:a9fe", True),  # ISATAP
         ("2001:db8::200:5efe:7f00:1", True),  # ISATAP of 127.0.0.1 under a global prefix
+        ("fd20:ce::254", True),  # GCP metadata over IPv6
+        ("fd00:ec2::23", True),  # EKS Pod Identity Agent
+        ("169.254.170.23", True),
+        ("::ffff:0:7f00:1", True),  # IPv4-translated (SIIT) 127.0.0.1
+        ("::ffff:0:808:808", True),  # IPv4-translated: refused as a whole, whatever it carries
+        ("64:ff9b:1::808:808", True),  # local-use NAT64: refused as a whole by default
+        ("64:ff9b:1:a9fe:a9:fe00:808:808", True),  # ... 169.254.169.254 after a /48 prefix
         ("10.0.0.1", False),
         ("192.168.1.10", False),
         ("8.8.8.8", False),
@@ -148,6 +156,40 @@ async def test_ip_literals_are_checked_where_the_connection_is_made(registry: Re
 )
 def test_what_the_default_policy_refuses(address: str, refused: bool) -> None:
     assert (SourcePolicy().address_refusal(address, 443) is not None) is refused
+
+
+@pytest.mark.parametrize(
+    ("prefix", "address", "carries", "public"),
+    [
+        ("64:ff9b:1::/48", "64:ff9b:1:a9fe:a9:fe00:808:808", "169.254.169.254", "64:ff9b:1:808:8:800::"),
+        ("64:ff9b:1:ab00::/56", "64:ff9b:1:aba9:fe:a9fe::", "169.254.169.254", "64:ff9b:1:ab08:8:808::"),
+        ("64:ff9b:1:abcd::/64", "64:ff9b:1:abcd:a9:fea9:fe00:0", "169.254.169.254", "64:ff9b:1:abcd:8:808:800:0"),
+        ("64:ff9b:1:abcd::/96", "64:ff9b:1:abcd::a9fe:a9fe", "169.254.169.254", "64:ff9b:1:abcd::808:808"),
+        ("64:ff9b:1:abcd::/96", "64:ff9b:1:abcd::7f00:1", "127.0.0.1", "64:ff9b:1:abcd::808:808"),
+    ],
+)
+def test_an_allowed_local_nat64_prefix_reads_the_ipv4_where_its_length_puts_it(
+    prefix: str, address: str, carries: str, public: str
+) -> None:
+    """RFC 8215's local-use prefix is the administrator's translator: allowing it says its length,
+    and the IPv4 at that position (RFC 6052) is checked as any address is (8.8.8.8 passes)."""
+    policy = SourcePolicy.build(allowed_networks=[prefix])
+    reason = policy.address_refusal(address, 443)
+    assert reason is not None and reason.startswith(f"{carries} (in ")
+    assert policy.address_refusal(public, 443) is None
+    assert SourcePolicy().address_refusal(public, 443) is not None, "not allowed: the whole /48 is refused"
+
+
+def test_the_operators_own_pod_and_the_api_servers_endpoints_are_refused_over_exceptions() -> None:
+    own = ipaddress.ip_address("10.244.1.7")
+    api = (ipaddress.ip_address("192.168.5.10"), 6443)
+    policy = SourcePolicy.build(allowed_networks=["10.0.0.0/8", "192.168.0.0/16"]).with_denied([], [api], [own])
+    for port in (8080, 8081, 443):
+        assert policy.address_refusal("10.244.1.7", port) == "10.244.1.7 is the operator's own pod (10.244.1.7)"
+    assert policy.address_refusal("::ffff:10.244.1.7", 8080) is not None
+    assert policy.address_refusal("192.168.5.10", 6443) is not None
+    assert policy.address_refusal("192.168.5.10", 8443) is None
+    assert policy.address_refusal("10.244.1.8", 8080) is None  # another pod: the administrator's exception
 
 
 def test_the_cluster_is_refused_and_exceptions_never_reach_metadata() -> None:
@@ -258,3 +300,40 @@ async def test_allowlist_applies_to_every_hop(registry: RegistryServer, ca_pem: 
         with pytest.raises(FetchError) as err:
             await client.fetch(FetchRequest(url=registry.url("g"), token=REGISTRY_TOKEN, ca_pem=ca_pem))
     assert err.value.reason == "SourceRefused" and "host localhost is not in the allowed source hosts" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["".join(chr(0xFF41 + ord(c) - ord("a")) for c in "localhost"), _shifted("127.0.0.1", 0xFF10, "\uff0e")],
+    ids=["fullwidth-name", "fullwidth-literal"],
+)
+async def test_a_location_header_follows_the_spec_urls_host_rule(
+    ca_pem: str, server_ssl: ssl.SSLContext, host: str
+) -> None:
+    """One rule for both: a spec URL with a non-ASCII host is refused, so is a redirect to one
+    (it was mapped by IDNA, then checked, and followed)."""
+    seen: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        if request.path == "/g":
+            return web.Response(status=307, headers={"Location": f"https://{host}:{port}/v1/graphs/g"})
+        return web.Response(body=b"graph")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl).start()
+    port = runner.addresses[0][1]
+    try:
+        async with RegistryClient(LOOPBACK) as client:
+            with pytest.raises(FetchError) as err:
+                await client.fetch(
+                    FetchRequest(url=f"https://127.0.0.1:{port}/g", token=REGISTRY_TOKEN, ca_pem=ca_pem, attempts=1)
+                )
+    finally:
+        await runner.cleanup()
+    assert (err.value.reason, err.value.retryable) == ("SourceRefused", False)
+    assert "punycode" in str(err.value) and host in str(err.value)
+    assert seen == ["/g"], "the redirect was followed"

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servegraph.dag.args import BUILDER, AppArgs, BuildError, decode, encode
+from servegraph.dag.args import BUILDER, AppArgs, BuildError, decode, encode, graph_identity
 from servegraph.dag.model import (
     Application,
     Argument,
@@ -294,8 +294,11 @@ def test_decoding_the_rendered_args_gives_back_the_dag(graph: Graph) -> None:
     assert decoded == AppArgs(
         ingress=app.ingress,
         nodes=tuple(Node(n.id, n.kind) for n in app.ordered_nodes()),
-        graph_name=graph.name,
-        graph_version=graph.version,
         telemetry=app.telemetry,
     )
+    # The graph's identity reaches every router, and only the routers, through user_config.
+    for options in rendered["deployments"]:
+        is_router = not isinstance(app.nodes[options["name"]].kind, DeploymentKind)
+        identity = graph_identity(options.get("user_config"))
+        assert identity == ((graph.name, graph.version) if is_router else (None, None))
     assert encode(graph, app) == rendered["args"]

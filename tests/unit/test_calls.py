@@ -58,14 +58,14 @@ def test_edges_with_options_render_as_mappings_and_decode_back() -> None:
 
 
 def test_a_graph_without_options_renders_as_before() -> None:
-    """No call options, no telemetry: the args keep their old shape, so an operator upgrade
-    does not change (and make KubeRay re-push) a running graph's serveConfigV2."""
+    """No call options, no telemetry: the args hold only what the builder binds (the graph's
+    version moved to the routers' user_config, so a republish does not rebuild the app)."""
     app = ensemble_app()
     app.nodes["ens"].ensemble.members[1].Clear()
     app.nodes["ens"].ensemble.members[1].id = "slow"
     app.nodes["top"].sequence.steps[0].timeout_s = 0
     args = yaml.safe_load(serve_config_yaml(to_model(graph(app))))["applications"][0]["args"]
-    assert set(args) == {"graph", "ingress", "nodes"}
+    assert set(args) == {"ingress", "nodes"}
     ens = next(n for n in args["nodes"] if n["id"] == "ens")
     assert ens["ensemble"] == {"members": ["fast", "slow"], "combiner": "vote"}
 

@@ -20,7 +20,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_validate_ok() -> None:
     out = run("validate", str(SAMPLES / "complete.txtpb"))
     assert out.returncode == 0, out.stderr
-    assert "graph 'complete' version '7.2.0' is valid (2 applications, 11 nodes)" in out.stdout
+    assert "graph 'complete' version '7.2.0' is valid (2 applications, 12 nodes)" in out.stdout
 
 
 def test_validate_reports_every_error_without_traceback(tmp_path: Path) -> None:
@@ -101,3 +101,12 @@ def test_pack_round_trips_and_refuses_invalid(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "at least one application" in refused.stderr
     assert not (tmp_path / "bad.pb").exists()
+
+
+def test_run_refuses_an_empty_source_host_allowlist_before_it_connects() -> None:
+    """The README and docs/security.md say empty is refused, never read as "any" or "none"."""
+    for empty in ("", " , "):
+        out = run("run", "--allowed-source-hosts", empty, "--kubeconfig", "/nonexistent")
+        assert out.returncode != 0
+        assert "--allowed-source-hosts is empty" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr

@@ -82,3 +82,15 @@ def test_majority_vote_counts_labels_and_breaks_ties_alphabetically() -> None:
     assert vote(results) == {"label": "positive", "votes": {"negative": 1, "positive": 2}}
     assert vote({"a": "neutral", "b": "negative"}) == {"label": "negative", "votes": {"negative": 1, "neutral": 1}}
     assert vote({}) == {"label": None, "votes": {}}
+
+
+async def test_slow_at_the_ingress_waits_the_requests_own_delay() -> None:
+    """A Request is a Mapping (of its ASGI scope): Slow must read the body's delay_s, not the scope."""
+    import time
+
+    from servegraph.examples import Slow
+
+    start = time.monotonic()
+    out = await Slow(delay_s=5.0)(http_request(b'{"delay_s": 0.05, "x": 1}'))
+    assert time.monotonic() - start < 2.0
+    assert out["payload"] == {"delay_s": 0.05, "x": 1}

@@ -26,7 +26,7 @@ def test_a_missing_servegraph_module_is_a_broken_install_not_an_extra() -> None:
 
 
 def test_every_command_is_listed_whatever_is_installed() -> None:
-    """`run`, `fetch`, `up`, `down` and `status` are registered by modules that import only the standard library."""
+    """`run`, `fetch`, `up`, `down`, `status` and `restart` are registered by modules that import only the standard library."""
     probe = (
         "import sys; import servegraph.cli as cli; parser = cli._parser(); "
         "heavy = sorted(m for m in ('kopf', 'aiohttp', 'kubernetes_asyncio', 'ray') if m in sys.modules); "
@@ -35,5 +35,5 @@ def test_every_command_is_listed_whatever_is_installed() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (
-        "['diff', 'down', 'fetch', 'inspect', 'pack', 'render', 'rollback', 'run', 'status', 'up', 'validate'] []"
+        "['diff', 'down', 'fetch', 'inspect', 'pack', 'render', 'restart', 'rollback', 'run', 'status', 'up', 'validate'] []"
     )

@@ -114,8 +114,12 @@ def test_mirror_and_ready() -> None:
             },
         }
     }
+    # The first blocking problem leads (the unhealthy deployment's message: it names the node).
     assert ready_condition(graph, True, apps) == Condition(
-        "Ready", False, "ApplicationsNotRunning", "sentiment: DEPLOY_FAILED"
+        "Ready",
+        False,
+        "ApplicationsNotRunning",
+        'application "sentiment": deployment "sentiment": crash; sentiment: DEPLOY_FAILED',
     )
     assert ready_condition(graph, True, {"sentiment": {"status": "RUNNING"}}).status is True
     assert ready_condition(graph, True, {}).reason == "WaitingForApplications"

@@ -34,6 +34,7 @@ async def test_first_reconcile_applies_the_rendered_rayservice_and_says_so_once(
     stored = copy.deepcopy(c.api.rayservices[KEY])
     assert stored["metadata"].pop("generation") == 1
     assert stored["metadata"].pop("managedFields") == [{"manager": "servegraph-operator"}]
+    assert stored["metadata"].pop("resourceVersion")  # given by the API server, never sent on a create
     assert stored == expected
     # The graph is kept for a later rollback before the RayService is applied.
     assert c.api.writes() == ["apply_configmap", "apply_rayservice", "patch_servegraph_status", "post_event"]
@@ -88,6 +89,43 @@ async def test_every_application_running_makes_ready_true() -> None:
     assert c.body["status"]["applications"]["sentiment"]["deployments"]["tokenizer"] == {"status": "HEALTHY"}
     assert c.api.writes() == ["patch_servegraph_status"]  # status only: the RayService is as rendered
     assert c.api.events == []
+
+
+async def test_a_first_cluster_that_cannot_schedule_its_replicas_is_named_in_ready_and_progressing() -> None:
+    c = Cluster()
+    await c.started()
+    unscheduled = (
+        "Deployment 'tokenizer' in application 'sentiment' has 1 replicas that have taken more than 30s to be "
+        'scheduled. Resources required for each replica: {"CPU": 0.1}, total resources available: {}.'
+    )
+    rs = c.api.rayservices[KEY]
+    rs["status"] = {  # KubeRay reports the first cluster's applications only as pending
+        "observedGeneration": rs["metadata"]["generation"],
+        "pendingServiceStatus": {
+            "rayClusterName": "mini-x7k2p",
+            "applicationStatuses": {
+                "sentiment": {
+                    "status": "DEPLOYING",
+                    "serveDeploymentStatuses": {
+                        "sentiment": {"status": "UPDATING"},
+                        "tokenizer": {"status": "UPDATING", "message": unscheduled},
+                    },
+                }
+            },
+        },
+    }
+    c.watch_rayservice()
+    await c.reconcile()
+    why = f'application "sentiment": deployment "tokenizer": {unscheduled}'
+    conditions = {x["type"]: x for x in c.body["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == "ApplicationsNotRunning"
+    assert conditions["Ready"]["message"] == f"KubeRay is starting Ray cluster mini-x7k2p: {why}; sentiment: DEPLOYING"
+    assert conditions["Progressing"]["reason"] == "RollingOut"
+    assert conditions["Progressing"]["message"].endswith(f"; {why}")
+    pending = c.body["status"]["pending"]
+    assert pending["rayClusterName"] == "mini-x7k2p"
+    assert pending["applications"]["sentiment"]["deployments"]["tokenizer"]["message"] == unscheduled
+    assert c.api.writes() == ["patch_servegraph_status"]
 
 
 async def test_an_invalid_graph_keeps_the_running_rayservice() -> None:

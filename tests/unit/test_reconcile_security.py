@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -325,3 +326,36 @@ async def test_nothing_grows_as_objects_come_and_go() -> None:
     world.reconciler.secrets.ttl_s = 0.0
     await world.reconciler.secrets.get("ns-0", "registry-token")
     assert len(world.reconciler.secrets) == 1, "expired copies are dropped as new ones are kept"
+
+
+# -- issue 21, item 3: the status is no oracle for what an endpoint answers ---------------
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["sha256-pinned", "unpinned"])
+async def test_the_status_never_says_the_digest_or_size_of_what_is_not_a_graph(pinned: bool) -> None:
+    """A 6-digit answer from an internal endpoint: with its digest or its length in the status,
+    a tenant brute-forces it offline in under a second."""
+    secret = b"482915"
+    world = World()
+    source = {"sha256": "0" * 64} if pinned else {}
+    key = world.add(servegraph(NS, "probe", source=source), graph=secret)
+    await world.reconcile(key)
+    status = str(world.api.servegraphs[key]["status"])
+    assert hashlib.sha256(secret).hexdigest() not in status
+    assert f"{len(secret)} bytes" not in status
+    fetched = world.condition(key, "Fetched")
+    if pinned:
+        assert (fetched["reason"], fetched["message"]) == (
+            "DigestMismatch",
+            f"{url('probe')} served content that does not match the pinned sha256 {'0' * 64}",
+        )
+    else:
+        assert (fetched["reason"], fetched["message"]) == ("Downloaded", f"downloaded from {url('probe')}")
+        assert world.condition(key, "GraphValid")["reason"] == "InvalidGraph"
+
+
+async def test_a_valid_graph_is_reported_with_its_size() -> None:
+    world = World()
+    key = world.add(servegraph(NS, "mini"))
+    await world.reconcile(key)
+    assert world.condition(key, "Fetched")["message"] == f"downloaded {len(MINI)} bytes from {url('mini')}"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
 import pytest
 import yaml
 from builders import chain_app, deployment, graph, ref
@@ -11,6 +15,7 @@ from servegraph.graph import GraphError, load_graph
 from servegraph.graph.validate import to_model
 from servegraph.graph.workers import plan_worker_groups
 from servegraph.names import SPEC_HASH_ANNOTATION
+from servegraph.operator.spec import parse_spec
 from servegraph.render import (
     PodOverrides,
     RayServiceOptions,
@@ -18,6 +23,8 @@ from servegraph.render import (
     render_rayservice,
     serve_config_yaml,
 )
+from servegraph.render.rayservice import DEFAULT_IMAGE, INCREMENTAL, AutoscalerOptions, UpgradeStrategy
+from servegraph.render.upgrade import cluster_differences
 from servegraph.v1 import graph_pb2
 
 
@@ -109,7 +116,7 @@ def test_overrides_and_owner_reference_are_rendered() -> None:
             env=({"name": "A", "value": "1"},),
         ),
         upgrade_strategy="NewCluster",
-        suspend=False,
+        restarted_at="2026-01-02T03:04:05Z",
         owner_references=(owner,),
     )
     m = render_rayservice(load_graph(SAMPLES / "mini.pb"), options)
@@ -128,6 +135,9 @@ def test_overrides_and_owner_reference_are_rendered() -> None:
     assert worker["nodeSelector"] == {"pool": "ray"}
     assert worker["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     assert worker["containers"][0]["env"] == [{"name": "A", "value": "1"}]
+    cluster = m["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        assert group["template"]["metadata"] == {"annotations": {"servegraph.io/restartedAt": "2026-01-02T03:04:05Z"}}
 
 
 def test_spec_hash_changes_with_spec_only() -> None:
@@ -200,3 +210,200 @@ def test_custom_resources_reach_ray_start_as_one_shell_word() -> None:
     value = group["rayStartParams"]["resources"]
     words = shlex.split(f"ray start --resources={value} --block")
     assert words[2] == '--resources={"fast disk": 2.0}'
+
+
+# -- placement per worker group (issue 22, item 4) -------------------------------------------
+
+
+def _placed_graph() -> graph_pb2.Graph:
+    """A CPU node and a GPU node; the graph places the GPU group: a toleration, node affinity
+    (required and preferred), a node selector and a priority class."""
+    app = chain_app(length=2)
+    app.nodes["n1"].resources.num_gpus = 1
+    g = graph(app)
+    hint = g.cluster.worker_groups.add(name="gpu", gpu=True)
+    hint.node_selector["pool"] = "gpu"
+    hint.tolerations.add(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+    hint.tolerations.add(key="spot", value="true", effect="NoExecute", toleration_seconds=30)
+    required = hint.node_affinity.required.add()
+    required.match_expressions.add(key="topology.kubernetes.io/zone", operator="In", values=["a", "b"])
+    preferred = hint.node_affinity.preferred.add(weight=10)
+    preferred.term.match_expressions.add(key="gpu-memory-gib", operator="Gt", values=["40"])
+    hint.priority_class_name = "serving-high"
+    return g
+
+
+def _pod(manifest: dict, group: str) -> dict:  # type: ignore[type-arg]
+    spec: dict = _groups(manifest)[group]["template"]["spec"]  # type: ignore[type-arg]
+    return spec
+
+
+def test_a_worker_group_hint_places_its_pods() -> None:
+    rs = render_rayservice(to_model(_placed_graph()), RayServiceOptions(name="g"))
+    gpu = _pod(rs, "gpu")
+    assert gpu["nodeSelector"] == {"pool": "gpu"}
+    assert gpu["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Equal", "value": "true", "effect": "NoExecute", "tolerationSeconds": 30},
+    ]
+    assert gpu["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}
+                        ]
+                    }
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 10,
+                    "preference": {"matchExpressions": [{"key": "gpu-memory-gib", "operator": "Gt", "values": ["40"]}]},
+                }
+            ],
+        }
+    }
+    assert gpu["priorityClassName"] == "serving-high"
+    # The other group and the head are placed by nothing: no field appears.
+    for pod in (_pod(rs, "cpu"), rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]):
+        assert set(pod) == {"containers"}, pod
+
+
+def test_servegraph_overrides_layer_over_the_hint_per_field() -> None:
+    """workers applies to every group, workerGroups[name] to that group, each over the one before:
+    nodeSelector per key, tolerations added (no duplicates), affinity per kind, priority replaced."""
+    workers = PodOverrides(
+        node_selector={"pool": "shared", "arch": "amd64"},
+        tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        priority_class_name="serving",
+        groups={
+            "gpu": PodOverrides(
+                node_selector={"pool": "a100"},
+                tolerations=({"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},),
+                affinity={
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+                },
+                priority_class_name="serving-gpu",
+            ),
+            "not-in-this-graph": PodOverrides(priority_class_name="unused"),
+        },
+    )
+    head = PodOverrides(affinity={"podAffinity": {}}, priority_class_name="ray-head")
+    rs = render_rayservice(to_model(_placed_graph()), RayServiceOptions(name="g", head=head, workers=workers))
+    gpu, cpu = _pod(rs, "gpu"), _pod(rs, "cpu")
+    assert gpu["nodeSelector"] == {"arch": "amd64", "pool": "a100"}
+    assert [t["key"] for t in gpu["tolerations"]] == ["nvidia.com/gpu", "spot", "team"]
+    assert gpu["affinity"] == workers.groups["gpu"].affinity  # its nodeAffinity replaced the hint's
+    assert gpu["priorityClassName"] == "serving-gpu"
+    assert cpu["nodeSelector"] == {"arch": "amd64", "pool": "shared"}
+    assert cpu["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert cpu["priorityClassName"] == "serving" and "affinity" not in cpu
+    head_pod = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert head_pod["affinity"] == {"podAffinity": {}} and head_pod["priorityClassName"] == "ray-head"
+    assert "nodeSelector" not in head_pod and "tolerations" not in head_pod
+
+
+def test_a_group_override_changes_the_spec_hash_only_of_what_it_places() -> None:
+    g = to_model(_placed_graph())
+    plain = render_rayservice(g, RayServiceOptions(name="g"))
+    unused = render_rayservice(
+        g, RayServiceOptions(name="g", workers=PodOverrides(groups={"other": PodOverrides(priority_class_name="x")}))
+    )
+    used = render_rayservice(
+        g, RayServiceOptions(name="g", workers=PodOverrides(groups={"cpu": PodOverrides(priority_class_name="x")}))
+    )
+    assert unused == plain
+    assert used["metadata"]["annotations"] != plain["metadata"]["annotations"]
+    assert _pod(used, "cpu")["priorityClassName"] == "x" and _pod(used, "gpu") == _pod(plain, "gpu")
+
+
+# -- issue 22: the in-tree autoscaler's sidecar ----------------------------------------------
+
+
+def _autoscaling_graph(image: str | None = None) -> graph_pb2.Graph:
+    g = graph()
+    scaling = g.applications[0].nodes["n0"].scaling.autoscaling
+    scaling.min_replicas, scaling.max_replicas = 1, 4
+    if image:
+        g.cluster.image = image
+    return g
+
+
+def _head_image(manifest: dict) -> str:  # type: ignore[type-arg]
+    image: str = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    return image
+
+
+@pytest.mark.parametrize(
+    ("graph_image", "override"),
+    [(None, None), ("ghcr.io/servegraph/custom-ray:7", None), (None, "ghcr.io/servegraph/pinned-ray:2")],
+    ids=["default", "graph", "servegraph"],
+)
+def test_the_autoscaler_runs_from_the_heads_image_in_a_small_container(
+    graph_image: str | None, override: str | None
+) -> None:
+    """Not KubeRay's choice: its own default (500m CPU, 512Mi requested) crowds a small node."""
+    manifest = render_rayservice(to_model(_autoscaling_graph(graph_image)), RayServiceOptions(name="a", image=override))
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"] == {
+        "image": _head_image(manifest),
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
+    }
+    assert _head_image(manifest) == (override or graph_image or DEFAULT_IMAGE)
+
+
+def test_a_servegraphs_autoscaler_settings_are_rendered_over_the_defaults() -> None:
+    spec = parse_spec(
+        {
+            "source": {"url": "https://r/x", "tokenSecretRef": {"name": "t"}},
+            "rayService": {
+                "autoscaler": {
+                    "idleTimeoutSeconds": 30,
+                    "upscalingMode": "Conservative",
+                    "resources": {"limits": {"cpu": "1"}},
+                }
+            },
+        },
+        "ns",
+    )
+    options = spec.rayservice_options("sg", "ns", {"uid": "u"})
+    manifest = render_rayservice(to_model(_autoscaling_graph()), options)
+    assert manifest["spec"]["rayClusterConfig"]["autoscalerOptions"] == {
+        "image": DEFAULT_IMAGE,
+        "idleTimeoutSeconds": 30,
+        "upscalingMode": "Conservative",
+        # The cpu named by the override is wholly its own (no request: Kubernetes defaults it
+        # to the limit); memory keeps the defaults.
+        "resources": {"requests": {"memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+    }
+    without = render_rayservice(to_model(_autoscaling_graph()), RayServiceOptions(name="sg"))
+    assert manifest["metadata"]["annotations"] != without["metadata"]["annotations"], "a change is written"
+    differences = list(cluster_differences(without["spec"]["rayClusterConfig"], manifest["spec"]["rayClusterConfig"]))
+    assert differences == ["autoscalerOptions changed"]
+
+
+def test_no_autoscaler_is_rendered_without_autoscaling_and_an_incremental_upgrade_gets_one() -> None:
+    options = RayServiceOptions(name="x", autoscaler=AutoscalerOptions(idle_timeout_seconds=30))
+    fixed = render_rayservice(to_model(graph()), options)
+    assert "autoscalerOptions" not in fixed["spec"]["rayClusterConfig"]
+    incremental = UpgradeStrategy(INCREMENTAL, gateway_class_name="g", step_size_percent=10, interval_seconds=5)
+    manifest = render_rayservice(to_model(graph()), replace(options, upgrade_strategy=incremental))
+    assert manifest["spec"]["rayClusterConfig"]["autoscalerOptions"]["idleTimeoutSeconds"] == 30
+
+
+def test_the_rendered_autoscaler_options_pass_kuberays_schema(kuberay_crds: Path) -> None:
+    """Every field is one KubeRay v1.6.2 declares (the API server would prune a misspelt one)."""
+    from test_samples import _closed
+
+    crd = yaml.safe_load((kuberay_crds / "ray.io_rayservices.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    options = RayServiceOptions(
+        name="a",
+        autoscaler=AutoscalerOptions(idle_timeout_seconds=30, upscaling_mode="Aggressive", resources={}),
+    )
+    manifest = render_rayservice(to_model(_autoscaling_graph()), options)
+    jsonschema.Draft7Validator(_closed(version["schema"]["openAPIV3Schema"])).validate(manifest)

@@ -221,3 +221,18 @@ def test_history_is_bounded_but_keeps_the_rollback_target() -> None:
     assert [h["outcome"] for h in d.history[1:4]] == [SUPERSEDED] * 3
     assert "before it was Ready" in d.history[1]["message"]
     assert d.history[-1]["version"] == "1", "the last Ready version stays as the rollback target"
+
+
+def test_progressing_and_a_missed_deadline_name_the_first_blocking_problem() -> None:
+    why = 'application "app": deployment "n3": 1 replicas ... not scheduled ... total resources available: {}'
+    status = apply({}, step({}, V1, None, T0))
+    stuck = Health(True, {}, None, ("app",), blocker=why)
+    d = step(status, V1, stuck, T0 + 20)
+    assert d.progressing is not None and d.progressing.message == f"rolling out version '1' ({V1.digest[:12]}); {why}"
+    failed = step(status, V1, stuck, T0 + 301)
+    assert failed.outcome == FAILED and failed.progressing is not None
+    assert failed.progressing.reason == "ProgressDeadlineExceeded"
+    assert failed.progressing.message.startswith(f"not Ready within the progress deadline ({rfc3339(T0 + 300)}); {why}")
+    assert failed.history[0]["message"] == "ProgressDeadlineExceeded: not Ready within the progress deadline " + (
+        f"({rfc3339(T0 + 300)}); {why}"
+    )

@@ -200,3 +200,17 @@ def test_results_that_are_not_json_give_a_500_naming_the_node() -> None:
         "error": "node 'fan': result is not JSON-serializable: Object of type set is not JSON serializable"
     }
     assert json_response("fan", float("nan")).status_code == 500
+
+
+def test_reconfigure_gives_a_running_router_the_new_graph_version() -> None:
+    """The graph's identity arrives through user_config (a publish of a new version restarts no
+    replica); a config without it, or from an older renderer, keeps what the router had."""
+    from servegraph.dag.args import router_user_config
+    from servegraph.dag.model import Graph, Telemetry
+    from servegraph.runtime.telemetry import GraphContext
+
+    router = SequenceRouter("seq", [], context=GraphContext("g", "1", Telemetry(metrics=False)))
+    router.reconfigure(router_user_config(Graph(name="fraud", version="7", schema_version=1, applications=())))
+    assert (router.context.graph, router.context.version, router.spans.graph) == ("fraud", "7", "fraud")
+    router.reconfigure({"threshold": 1})
+    assert (router.context.graph, router.context.version) == ("fraud", "7")

@@ -10,8 +10,9 @@ import pytest
 from support import SAMPLES
 
 from servegraph.graph import load_graph
+from servegraph.operator.blockers import MAX_MESSAGE, MAX_MESSAGES, blocking_problem, mirror_pending
 from servegraph.operator.conditions import Condition
-from servegraph.operator.status import Event, GoodGraph, Observed, Outcome, report
+from servegraph.operator.status import Event, GoodGraph, Observed, Outcome, mirror_applications, report
 
 GRAPH = load_graph(SAMPLES / "mini.pb")
 GOOD = GoodGraph(GRAPH, "ab" * 32)
@@ -27,6 +28,46 @@ APPLIED = Condition("Applied", True, "UpToDate", "RayService mini matches the gr
 NO_GRAPH = Condition("Applied", False, "NoValidGraph", "no valid graph has been downloaded yet")
 RUNNING = {"sentiment": {"status": "RUNNING", "deployments": {}}}
 UPGRADE = {"activeRayCluster": "mini-a", "pendingRayCluster": "mini-b", "applications": {"sentiment": "DEPLOYING"}}
+
+# What Ray Serve says of replicas no node has room for (the shape KubeRay copies from the dashboard).
+UNSCHEDULED = (
+    "Deployment 'tokenizer' in application 'sentiment' has 1 replicas that have taken more than 30s to be "
+    'scheduled. Resources required for each replica: {"CPU": 0.1}, total resources available: {}.'
+)
+
+
+def kuberay_rayservice(apps: dict[str, Any] | None = None, head_ready: str = "True") -> dict[str, Any]:
+    """A RayService as KubeRay v1.6 reports its first cluster starting: everything under pendingServiceStatus."""
+    return {
+        "status": {
+            "activeServiceStatus": {"rayClusterStatus": {"desiredCPU": "0"}},
+            "pendingServiceStatus": {
+                "rayClusterName": "mini-x7k2p",
+                "rayClusterStatus": {
+                    "desiredCPU": "2",
+                    "desiredWorkerReplicas": 1,  # ready and available: 0, which KubeRay omits
+                    "conditions": [
+                        {"type": "RayClusterProvisioned", "status": "False", "reason": "RayClusterPodsProvisioning"},
+                        {"type": "HeadPodReady", "status": head_ready, "reason": "Unknown", "message": ""},
+                    ],
+                },
+                "applicationStatuses": apps or {},
+            },
+        }
+    }
+
+
+STUCK_APPS = {
+    "sentiment": {
+        "status": "DEPLOYING",
+        "serveDeploymentStatuses": {
+            "sentiment": {"status": "HEALTHY"},
+            "tokenizer": {"status": "UPDATING", "message": UNSCHEDULED},
+        },
+    }
+}
+PENDING = mirror_pending(kuberay_rayservice(STUCK_APPS))
+PENDING_NO_APPS = mirror_pending(kuberay_rayservice(head_ready="False"))
 
 
 def steady() -> dict[str, Any]:
@@ -158,6 +199,30 @@ ROWS = [
         [],
     ),
     Row(
+        "the first cluster is starting: its applications and Ray's messages are in the status",
+        steady(),
+        Observed(Outcome(applied=APPLIED), GOOD, '"e1"', "mini", {}, pending=PENDING),
+        {"conditions", "pending"},
+        [("Ready", "False", "ApplicationsNotRunning")],
+        [],
+    ),
+    Row(
+        "the first cluster is starting and Ray Serve reports nothing yet: still waiting, the cluster named",
+        steady(),
+        Observed(Outcome(applied=APPLIED), GOOD, '"e1"', "mini", {}, pending=PENDING_NO_APPS),
+        {"conditions", "pending"},
+        [("Ready", "False", "WaitingForApplications")],
+        [],
+    ),
+    Row(
+        "KubeRay switched to the started cluster: the pending section leaves the status",
+        report(steady(), 1, Observed(Outcome(applied=APPLIED), GOOD, '"e1"', "mini", {}, pending=PENDING), T1).status,
+        Observed(Outcome(applied=APPLIED), GOOD, '"e1"', "mini", RUNNING),
+        {"conditions", "applications", "pending"},
+        [("Ready", "True", "AllApplicationsRunning")],
+        [],
+    ),
+    Row(
         "a new graph: its digest and a new fetch time",
         steady(),
         Observed(Outcome(FETCHED, VALID, APPLIED), NEWER, '"e2"', "mini", {}),
@@ -214,3 +279,122 @@ def test_the_upgrade_message_names_both_clusters_and_the_pending_applications() 
         "mini-a serves the previous one until then"
     )
     assert status["upgrade"] == UPGRADE
+
+
+def _ready(status: dict[str, Any]) -> str:
+    message: str = next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
+    return message
+
+
+def test_pending_mirrors_the_cluster_kuberay_is_starting_compactly() -> None:
+    # Not KubeRay's copy of the RayCluster status: KubeRay does not keep it current in the RayService.
+    assert PENDING == {
+        "rayClusterName": "mini-x7k2p",
+        "applications": {
+            "sentiment": {
+                "status": "DEPLOYING",
+                "deployments": {
+                    "sentiment": {"status": "HEALTHY"},
+                    "tokenizer": {"status": "UPDATING", "message": UNSCHEDULED},
+                },
+            }
+        },
+    }
+    # KubeRay writes an empty pendingServiceStatus (the RayCluster status of none) when nothing is pending.
+    assert mirror_pending({"status": {"pendingServiceStatus": {"rayClusterStatus": {"desiredCPU": "0"}}}}) is None
+    assert mirror_pending(None) is None
+
+
+def test_ready_names_the_first_blocking_problem_of_the_first_cluster() -> None:
+    status = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", {}, pending=PENDING), T1).status
+    assert status["pending"] == PENDING
+    assert _ready(status) == (
+        f'KubeRay is starting Ray cluster mini-x7k2p: application "sentiment": deployment "tokenizer": {UNSCHEDULED}; '
+        "sentiment: DEPLOYING"
+    )
+
+
+def test_a_started_cluster_kuberay_has_not_switched_to_yet_is_not_ready() -> None:
+    running = mirror_pending(kuberay_rayservice({"sentiment": {"status": "RUNNING"}}))
+    status = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", {}, pending=running), T1).status
+    assert _ready(status) == (
+        "KubeRay is starting Ray cluster mini-x7k2p: every application RUNNING; KubeRay has not switched to it yet"
+    )
+
+
+def test_before_ray_serve_reports_the_cluster_is_named_and_where_to_see_its_pods() -> None:
+    assert PENDING_NO_APPS == {"rayClusterName": "mini-x7k2p", "applications": {}}
+    status = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", {}, pending=PENDING_NO_APPS), T1).status
+    assert _ready(status) == (
+        "KubeRay is starting Ray cluster mini-x7k2p: Ray Serve reports no application yet (KubeRay deploys them "
+        "once the head pod runs); `servegraph status` lists its pods and why they are not running"
+    )
+
+
+def test_an_upgrade_stuck_on_its_new_cluster_says_why() -> None:
+    status = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", RUNNING, UPGRADE, PENDING), T1).status
+    assert _ready(status) == (
+        "KubeRay is starting Ray cluster mini-b for this version (sentiment: DEPLOYING); "
+        f'mini-a serves the previous one until then; application "sentiment": deployment "tokenizer": {UNSCHEDULED}'
+    )
+
+
+def test_a_failed_application_comes_before_a_slow_one_and_a_node_before_its_application() -> None:
+    apps = {
+        "a1": {"status": "DEPLOYING", "deployments": {"n1": {"status": "UPDATING", "message": "slow"}}},
+        "a2": {
+            "status": "DEPLOY_FAILED",
+            "message": "Deploying app 'a2' failed",
+            "deployments": {
+                "n2": {"status": "HEALTHY", "message": "fine"},
+                "n3": {"status": "UNHEALTHY", "message": "RuntimeError: no model"},
+            },
+        },
+    }
+    assert blocking_problem(apps, None, ["a1", "a2"]) == 'application "a2": deployment "n3": RuntimeError: no model'
+    del apps["a2"]["deployments"]["n3"]
+    assert blocking_problem(apps, None, ["a1", "a2"]) == "application \"a2\": Deploying app 'a2' failed"
+    apps["a2"]["status"] = "RUNNING"
+    assert blocking_problem(apps, None, ["a1", "a2"]) == 'application "a1": deployment "n1": slow'
+    # The cluster being started comes first; without a message there is nothing to name.
+    assert blocking_problem(apps, PENDING, ["a1"]) == f'application "sentiment": deployment "tokenizer": {UNSCHEDULED}'
+    assert blocking_problem({"a": {"status": "DEPLOYING", "deployments": {}}}, None, ["a"]) is None
+
+
+def test_messages_are_bounded_and_keep_what_failed_and_why() -> None:
+    frames = "".join(f'  File "/ray/serve/_private/x{i}.py", line {i}, in f\n    call()\n' for i in range(300))
+    traceback = (
+        "Deploying app 'sentiment' failed with exception:\nTraceback (most recent call last):\n"
+        f"{frames}RuntimeError: the model file is missing"
+    )
+    resources = "Replicas wait: " + ", ".join(f'"node-{i}": {{"CPU": 4}}' for i in range(200)) + ". total: {}."
+    body = {"status": {"activeServiceStatus": {"applicationStatuses": {}}}}
+    apps = body["status"]["activeServiceStatus"]["applicationStatuses"]
+    apps["sentiment"] = {
+        "status": "DEPLOY_FAILED",
+        "message": traceback,
+        "serveDeploymentStatuses": {"sentiment": {"status": "UPDATING", "message": resources}},
+    }
+    mirrored = mirror_applications(body)["sentiment"]
+    assert len(traceback) > 10 * MAX_MESSAGE
+    assert mirrored["message"] == (
+        "Deploying app 'sentiment' failed with exception:\nRuntimeError: the model file is missing"
+    )
+    long = mirrored["deployments"]["sentiment"]["message"]
+    assert len(long) <= MAX_MESSAGE and long.startswith("Replicas wait: ") and long.endswith(". total: {}.")
+
+    # Many failing nodes: at most MAX_MESSAGES messages, the unhealthy ones first.
+    deployments = {f"n{i:02}": {"status": "UPDATING", "message": f"slow {i}"} for i in range(MAX_MESSAGES)}
+    deployments["z-broken"] = {"status": "UNHEALTHY", "message": "broken"}
+    deployments["ok"] = {"status": "HEALTHY", "message": "fine"}
+    apps["sentiment"] = {"status": "DEPLOYING", "serveDeploymentStatuses": deployments}
+    kept = mirror_applications(body)["sentiment"]["deployments"]
+    assert sum("message" in d for d in kept.values()) == MAX_MESSAGES
+    assert kept["z-broken"]["message"] == "broken" and "message" not in kept["ok"]
+    assert kept["n31"] == {"status": "UPDATING"}, "the last by name of the slow ones is dropped"
+
+
+def test_a_conflict_mirrors_no_pending_cluster() -> None:
+    old = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", {}, pending=PENDING), T1).status
+    observed = Observed(Outcome(), GOOD, '"e1"', "mini", None, pending=PENDING, conflict="someone else's")
+    assert "pending" not in report(old, 1, observed, T1).status

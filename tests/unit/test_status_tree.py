@@ -48,7 +48,7 @@ def observed_servegraph() -> dict[str, Any]:
                     "deployments": {
                         "quorum": healthy,
                         "quick": healthy,
-                        "laggard": {"status": "UPDATING", "message": "Deploying: waiting for replicas\nmore"},
+                        "laggard": {"status": "UPDATING", "message": "Deploying:\n  waiting for replicas"},
                     },
                 },
             },
@@ -223,3 +223,167 @@ def test_the_rollout_and_the_history_from_the_status() -> None:
         "  '1'      Serving     aaaaaaaaaaaa  2m       1m\n"
         "  '2'      RolledBack  bbbbbbbbbbbb  4m       -      ApplicationFailed: app: DEPLOY_FAILED\n"
     ) in text, text
+
+
+def pod(name: str, role: str, phase: str, group: str = "", **status: Any) -> dict[str, Any]:
+    labels = {"ray.io/cluster": "mini-x7k2p", "ray.io/node-type": role}
+    if group:
+        labels["ray.io/group"] = group
+    return {"metadata": {"name": name, "labels": labels}, "status": {"phase": phase, **status}}
+
+
+UNSCHEDULED = (
+    "Deployment 'tokenizer' in application 'sentiment' has 1 replicas that have taken more than 30s to be "
+    'scheduled. Resources required for each replica: {"CPU": 0.1}, total resources available: {}.'
+)
+STUCK_PODS = [
+    pod("mini-x7k2p-head-h8s9d", "head", "Running", containerStatuses=[{"name": "ray-head", "state": {"running": {}}}]),
+    pod(
+        "mini-x7k2p-cpu-worker-b2x4k",
+        "worker",
+        "Pending",
+        "cpu",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: "
+                "1 No preemption victims found for incoming pod.",
+            }
+        ],
+    ),
+    pod(
+        "mini-x7k2p-cpu-worker-a1q7z",
+        "worker",
+        "Pending",
+        "cpu",
+        conditions=[{"type": "PodScheduled", "status": "True"}],
+        containerStatuses=[
+            {
+                "name": "ray-worker",
+                "state": {
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": 'Back-off pulling image "registry.example/ray:missing"',
+                    }
+                },
+            }
+        ],
+    ),
+    pod(
+        "mini-x7k2p-gpu-worker-c3v5n",
+        "worker",
+        "Running",
+        "gpu",
+        containerStatuses=[
+            {
+                "name": "ray-worker",
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed"}},
+                "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+            }
+        ],
+    ),
+    pod("mini-x7k2p-gpu-worker-d4w6m", "worker", "Pending", "gpu"),
+]
+
+
+def stuck_servegraph() -> dict[str, Any]:
+    sg = observed_servegraph()
+    status = sg["status"]
+    del status["applications"]
+    status["conditions"][3] = condition(
+        "Ready",
+        "False",
+        "ApplicationsNotRunning",
+        f'KubeRay is starting Ray cluster mini-x7k2p: application "sentiment": deployment "tokenizer": {UNSCHEDULED}; '
+        "sentiment: DEPLOYING",
+        "2026-11-23T10:04:00Z",
+    )
+    status["pending"] = {
+        "rayClusterName": "mini-x7k2p",
+        "applications": {
+            "sentiment": {
+                "status": "DEPLOYING",
+                "deployments": {
+                    "sentiment": {"status": "UPDATING"},
+                    "tokenizer": {"status": "UPDATING", "message": UNSCHEDULED},
+                },
+            }
+        },
+    }
+    return sg
+
+
+def raycluster(name: str, *conditions: dict[str, str], desired: int = 3, ready: int = 0) -> dict[str, Any]:
+    """A RayCluster as KubeRay v1.6 keeps its status (counts of 0 omitted)."""
+    status: dict[str, Any] = {"desiredWorkerReplicas": desired, "conditions": list(conditions)}
+    if ready:
+        status["readyWorkerReplicas"] = ready
+    return {"metadata": {"name": name}, "status": status}
+
+
+HEAD_READY = {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady"}
+
+
+def test_a_stuck_first_rollout_shows_the_starting_cluster_its_messages_and_the_pods_not_running() -> None:
+    config = serve_config_yaml(load_graph(SAMPLES / "mini.txtpb"))
+    rs = {"spec": {"serveConfigV2": config}, "status": {"pendingServiceStatus": {"rayClusterName": "mini-x7k2p"}}}
+    clusters = [raycluster("mini-x7k2p", HEAD_READY)]
+    snap = Snapshot(
+        stuck_servegraph(), rs, serve=None, serve_note="no RayService", rayclusters=clusters, pods=STUCK_PODS
+    )
+    text = render(snap, NOW)
+    assert "Starting:      Ray cluster mini-x7k2p (head pod ready, 0 of 3 workers ready), not serving yet\n" in text
+    assert (
+        "Ray pods not running:\n"
+        "  mini-x7k2p-cpu-worker-a1q7z (worker cpu)  Pending  container ray-worker: ImagePullBackOff: "
+        'Back-off pulling image "registry.example/ray:missing"\n'
+        "  mini-x7k2p-cpu-worker-b2x4k (worker cpu)  Pending  not scheduled: Unschedulable: 0/1 nodes are "
+        "available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for "
+        "incoming pod.\n"
+        "  mini-x7k2p-gpu-worker-c3v5n (worker gpu)  Running  container ray-worker: CrashLoopBackOff: back-off 40s "
+        "restarting failed (last run: OOMKilled, exit code 137)\n"
+        "  mini-x7k2p-gpu-worker-d4w6m (worker gpu)  Pending  no scheduling decision yet\n"
+        "Graph as deployed:\n"
+    ) in text, text
+    assert "mini-x7k2p-head" not in text, "a running pod is not listed"
+    # The tree shows the starting cluster's states, and Ray's message in full enough to read the resources.
+    assert "sentiment  /sentiment  DEPLOYING  (on Ray cluster mini-x7k2p, starting)\n" in text
+    note = next(line for line in text.splitlines() if line.strip().startswith("! Deployment 'tokenizer'"))
+    assert note.endswith("total resources available: {}."), note
+    assert f'deployment "tokenizer": {UNSCHEDULED}; sentiment: DEPLOYING' in text, "the Ready message in full"
+
+
+def test_a_pod_kuberay_could_not_create_is_named_under_its_cluster() -> None:
+    sg = stuck_servegraph()
+    failure = {
+        "type": "RayClusterReplicaFailure",
+        "status": "True",
+        "reason": "FailedCreateWorkerPod",
+        "message": 'pods "mini-x7k2p-cpu-worker-q2" is forbidden: exceeded quota: compute, requested: cpu=4',
+    }
+    text = render(Snapshot(sg, rayclusters=[raycluster("mini-x7k2p", HEAD_READY, failure, ready=1)]), NOW)
+    assert (
+        "Starting:      Ray cluster mini-x7k2p (head pod ready, 1 of 3 workers ready), not serving yet\n"
+        '               ! FailedCreateWorkerPod: pods "mini-x7k2p-cpu-worker-q2" is forbidden: exceeded quota: '
+        "compute, requested: cpu=4\n"
+    ) in text
+    # The same for the active cluster, under the RayService; without the RayCluster, just its name.
+    del sg["status"]["pending"]
+    rs = {"status": {"activeServiceStatus": {"rayClusterName": "mini-a"}}}
+    text = render(Snapshot(sg, rs, rayclusters=[raycluster("mini-a", HEAD_READY, failure)]), NOW)
+    assert "RayService:    observed  (Ray cluster mini-a)\n               ! FailedCreateWorkerPod: pods " in text
+    assert "Starting:" not in text
+    text = render(Snapshot(stuck_servegraph()), NOW)
+    assert "Starting:      Ray cluster mini-x7k2p, not serving yet\nConditions:" in text
+
+
+def test_pods_the_caller_may_not_list_are_said_so_and_many_pods_are_bounded() -> None:
+    sg = {"metadata": {"name": "g", "namespace": "ns"}, "status": {}}
+    text = render(Snapshot(sg, ray_note="the API server answered 403 Forbidden"), NOW)
+    assert "Ray pods:      not read: the API server answered 403 Forbidden\n" in text
+    many = [pod(f"w-{i:03}", "worker", "Pending", "cpu") for i in range(45)]
+    text = render(Snapshot(sg, pods=many), NOW)
+    assert "  w-019 (worker cpu)  Pending  no scheduling decision yet\n  … and 25 more\n" in text
+    assert "w-020" not in text

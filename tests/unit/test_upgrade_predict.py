@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 from builders import deployment, graph, ref
 
 from servegraph.graph.validate import to_model
@@ -17,6 +18,7 @@ from servegraph.render.upgrade import (
     NO_CHANGE,
     NOT_APPLIED,
     SERVE_ONLY,
+    cluster_resources,
     parse_quantity,
     predict,
 )
@@ -208,3 +210,133 @@ def test_incremental_upgrade_renders_its_options_and_the_autoscaler() -> None:
     }
     assert m["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
     assert rs(app(), upgrade_strategy="None")["spec"]["upgradeStrategy"] == {"type": "None"}
+
+
+# -- quantities: every form Kubernetes accepts (apimachinery resource.ParseQuantity) -------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("2e9", 2e9),
+        ("129e6", 129e6),
+        ("12E", 12e18),
+        ("1.5Gi", 1.5 * 2**30),
+        ("100m", 0.1),
+        ("5e-3", 0.005),
+        ("1E3", 1000.0),  # E followed by digits is an exponent; alone it is exa
+        ("1e+3", 1000.0),
+        ("+1", 1.0),
+        (".5", 0.5),
+        ("1.", 1.0),
+        ("0", 0.0),
+        ("1n", 1e-9),
+        ("250u", 250e-6),
+        ("1k", 1e3),
+        ("3M", 3e6),
+        ("2T", 2e12),
+        ("1P", 1e15),
+        ("1Ki", 2**10),
+        ("1Mi", 2**20),
+        ("2Ti", 2 * 2**40),
+        ("1Pi", 2**50),
+        ("1Ei", 2**60),
+        ("0.5Gi", 2**29),
+        ("1e999999999", float("inf")),  # an int64 exponent Kubernetes takes: past a float's range
+        (2_000_000_000, 2e9),
+        (0.25, 0.25),
+    ],
+)
+def test_every_kubernetes_quantity_form(text: str | int | float, value: float) -> None:
+    assert parse_quantity(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["1K", "1ki", "1e1.5", "e3", ".", "+", " 1", "1 ", "1e", "NaN", "Infinity", "0x10", "1e9223372036854775808"],
+)
+def test_forms_kubernetes_refuses_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity") as info:
+        parse_quantity(text)
+    assert repr(text)[:20] in str(info.value)
+
+
+@pytest.mark.parametrize("value", [True, None, [1], -2, -0.5])
+def test_what_no_request_can_be_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(value)
+
+
+def head_memory(memory: str, image: str = "ray:1") -> dict[str, Any]:
+    from servegraph.render import PodOverrides
+
+    head = PodOverrides(resources={"requests": {"memory": memory}, "limits": {"memory": memory}})
+    return render_rayservice(to_model(graph(app())), RayServiceOptions(name="g", image=image, head=head))
+
+
+@pytest.mark.parametrize("memory", ["2e9", "129e6", "12E", "1.5Gi"])
+def test_a_head_memory_in_any_quantity_form_is_predicted(memory: str) -> None:
+    """Two renders of one graph with a new image: the head's memory is counted, not a ValueError."""
+    p = predict(head_memory(memory), head_memory(memory, image="ray:2"))
+    assert p.kind == NEW_CLUSTER
+    head_only = cluster_resources({"headGroupSpec": head_memory(memory)["spec"]["rayClusterConfig"]["headGroupSpec"]})
+    assert p.extra_at_peak.memory_bytes >= head_only.memory_bytes == pytest.approx(parse_quantity(memory))
+
+
+def test_a_request_the_api_server_will_refuse_does_not_fail_the_prediction() -> None:
+    """The apply names the bad value; the prediction (advice only) counts it as nothing."""
+    p = predict(head_memory("lots"), head_memory("lots", image="ray:2"))
+    assert p.kind == NEW_CLUSTER
+    assert p.extra_at_peak.pods == 2
+
+
+# -- prediction from the structures, never from the YAML text -------------------------------------
+
+
+def versions() -> list[tuple[list[graph_pb2.Application], list[graph_pb2.Application]]]:
+    """(old apps, new apps): a user_config change, an app added, an app removed, a node's code changed."""
+    changed = app()
+    changed.nodes["t"].deployment.import_path = "servegraph.examples:Other"
+    return [
+        ([app(0.5)], [app(0.9)]),
+        ([app()], [app(), gpu_app()]),
+        ([app(), gpu_app()], [gpu_app()]),
+        ([app()], [changed]),
+    ]
+
+
+@pytest.mark.parametrize(("before", "after"), versions(), ids=["user-config", "added", "removed", "code"])
+def test_application_changes_from_the_structures_are_those_read_from_the_yaml(
+    before: list[graph_pb2.Application], after: list[graph_pb2.Application], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servegraph.render import render_serve_config
+
+    old_graph, new_graph = to_model(graph(*before)), to_model(graph(*after))
+    old, new = rs(*before), rs(*after)
+    from_yaml = predict(old, new)  # servegraph diff against a live RayService: only its text is known
+    assert from_yaml.applications
+
+    def no_yaml(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("YAML parsed")
+
+    monkeypatch.setattr(yaml, "load", no_yaml)
+    monkeypatch.setattr(yaml, "safe_load", no_yaml)
+    from_structures = predict(
+        old, new, old_config=render_serve_config(old_graph), new_config=render_serve_config(new_graph)
+    )
+    assert from_structures == from_yaml
+
+
+def test_the_operators_prediction_reads_no_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator asks for the kind and the peak only: no Serve config is parsed, whatever changed."""
+
+    def no_yaml(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("YAML parsed")
+
+    old, new = rs(app(0.5)), rs(app(0.9), gpu_app())
+    monkeypatch.setattr(yaml, "load", no_yaml)
+    monkeypatch.setattr(yaml, "safe_load", no_yaml)
+    p = predict(old, new, applications=False)
+    assert (p.kind, p.applications, p.extra_at_peak.gpus) == (CLUSTER_IN_PLACE, (), 1)
+    assert predict(None, new, applications=False).kind == CREATE
+    assert predict(old, old, applications=False).kind == NO_CHANGE

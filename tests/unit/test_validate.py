@@ -236,3 +236,17 @@ def test_trailing_newline_is_not_accepted(field: str) -> None:
         app.nodes["n0"].deployment.import_path = "pkg.mod:Leaf\n"
     with pytest.raises(GraphError):
         to_model(g)
+
+
+def test_a_router_takes_no_user_config() -> None:
+    """A router's user_config carries the graph's version; one from the graph would be lost
+    (and a router class given a config it does not expect fails in Ray)."""
+    app = chain_app()
+    app.nodes["seq"].sequence.steps.add().id = "n0"
+    app.nodes["seq"].user_config["threshold"] = 1
+    app.ingress = "seq"
+    with pytest.raises(GraphError) as raised:
+        to_model(graph(app))
+    assert [str(p) for p in raised.value.problems] == [
+        'application "app", node "seq", field user_config: only deployment nodes take a user_config; a router has none'
+    ]

@@ -22,8 +22,23 @@ app.kubernetes.io/name: {{ include "servegraph-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+A shard's pods: not matched by the main instance's selector (its Service, PodDisruptionBudget
+and anti-affinity), so each shard is its own set. Usage: include ... (list . "name")
+*/}}
+{{- define "servegraph-operator.shardSelectorLabels" -}}
+{{- $ctx := index . 0 -}}
+app.kubernetes.io/name: {{ include "servegraph-operator.name" $ctx }}-shard
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+servegraph.io/shard: {{ index . 1 }}
+{{- end }}
+
 {{- define "servegraph-operator.labels" -}}
 {{ include "servegraph-operator.selectorLabels" . }}
+{{ include "servegraph-operator.commonLabels" . }}
+{{- end }}
+
+{{- define "servegraph-operator.commonLabels" -}}
 app.kubernetes.io/part-of: servegraph
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}

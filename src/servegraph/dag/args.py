@@ -38,7 +38,9 @@ __all__ = [
     "decode",
     "encode",
     "encode_node",
+    "graph_identity",
     "refs",
+    "router_user_config",
 ]
 
 BUILDER = "servegraph.runtime:build"
@@ -67,7 +69,8 @@ class AppArgs:
     `nodes` are in topological order (dependencies first) and carry only their
     id and kind: replicas, resources and the other options travel in the Serve
     config's `deployments`, which Serve applies by deployment name = node id.
-    The graph's name and version label what the routers record.
+    `graph_name`/`graph_version` are read only from args written before they moved to
+    the routers' `user_config` (see `router_user_config`).
     """
 
     ingress: str
@@ -81,9 +84,14 @@ class AppArgs:
 
 
 def encode(graph: Graph, app: Application) -> dict[str, Any]:
-    """The `args` of one application; key order is fixed so the rendered YAML is stable."""
+    """The `args` of one application; key order is fixed so the rendered YAML is stable.
+
+    Only what the builder must bind is here. Serve gives every deployment of an
+    application a new code version, and so restarts every replica, whenever the args
+    change; what may change without a restart (the graph's version, which labels the
+    routers' metrics) travels in `router_user_config` instead.
+    """
     out: dict[str, Any] = {
-        "graph": {"name": graph.name, "version": graph.version},
         "ingress": app.ingress,
         "nodes": [encode_node(node) for node in app.ordered_nodes()],
     }
@@ -91,6 +99,26 @@ def encode(graph: Graph, app: Application) -> dict[str, Any]:
     if telemetry:  # absent when default: older graphs render byte-identically
         out["telemetry"] = telemetry
     return out
+
+
+ROUTER_CONFIG_KEY = "servegraph"
+"""The key of a router's `user_config` that holds what servegraph tells it."""
+
+
+def router_user_config(graph: Graph) -> dict[str, Any]:
+    """A router deployment's `user_config`: the graph identity its metrics and spans carry.
+
+    A `user_config` change reaches live replicas through `reconfigure`, so a publish
+    that changes only the version restarts no replica (issue: every replica used to be
+    replaced, because the version was in the args).
+    """
+    return {ROUTER_CONFIG_KEY: {"graph": {"name": graph.name, "version": graph.version}}}
+
+
+def graph_identity(user_config: Any) -> tuple[str | None, str | None]:
+    """The graph's name and version from a router's `user_config` (None where absent)."""
+    inner = user_config.get(ROUTER_CONFIG_KEY) if isinstance(user_config, Mapping) else None
+    return _graph_identity(inner.get("graph") if isinstance(inner, Mapping) else None)
 
 
 def _encode_telemetry(t: Telemetry) -> dict[str, Any]:

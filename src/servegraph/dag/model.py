@@ -230,6 +230,40 @@ class Application:
 
 
 @dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeRequirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreferredNodes:
+    weight: int
+    match: tuple[NodeRequirement, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker group's pods may run, beyond its node selector: Kubernetes'
+    tolerations, node affinity and priority class, as the graph's hint sets them."""
+
+    tolerations: tuple[Toleration, ...] = ()
+    required: tuple[tuple[NodeRequirement, ...], ...] = ()
+    """Node selector terms, any of which a node must match (each one: all its requirements)."""
+    preferred: tuple[PreferredNodes, ...] = ()
+    priority_class_name: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkerGroupHint:
     name: str | None = None
     gpu: bool = False
@@ -239,6 +273,7 @@ class WorkerGroupHint:
     memory_bytes_per_worker: int | None = None
     max_workers: int | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
+    placement: Placement = Placement()
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,9 @@ class Slow(Echo):
         self.delay_s = _seconds(delay_s)
 
     async def __call__(self, item: Any, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        if isinstance(item, Request):  # at the ingress: a Request is a Mapping too (of its scope)
+            headers = normalize_headers(item.headers.items())
+            item = payload_from_body(await item.body())
         delay = item.get("delay_s", self.delay_s) if isinstance(item, Mapping) else self.delay_s
         await asyncio.sleep(_seconds(delay))
         return await super().__call__(item, headers)

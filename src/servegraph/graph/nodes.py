@@ -75,7 +75,11 @@ def to_node(
     if msg.max_queued_requests < -1:
         bad("max_queued_requests", "must be -1 (no limit), 0 (default) or positive")
     user_config = None
-    if msg.HasField("user_config"):
+    if msg.HasField("user_config") and kind is not None and not isinstance(kind, model.DeploymentKind):
+        # A router's user_config carries the graph's version (render.serve_config): it has no
+        # other use, and Ray would fail a router class given one it does not expect.
+        bad("user_config", "only deployment nodes take a user_config; a router has none")
+    elif msg.HasField("user_config"):
         try:
             user_config = _struct(msg.user_config, budget)
         except _Unfit as exc:

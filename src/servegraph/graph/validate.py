@@ -15,6 +15,7 @@ from typing import Any
 
 from servegraph.dag import model
 from servegraph.gcpause import gc_paused
+from servegraph.graph import placement
 from servegraph.graph.errors import GraphError, Problem, where
 from servegraph.graph.nodes import MAX_STRING, NODE_ID, Budget, finite_non_negative, to_node
 from servegraph.graph.workers import plan_worker_groups
@@ -145,6 +146,7 @@ def _cluster(msg: graph_pb2.ClusterHints, add: Add) -> model.ClusterHints:
         if len(h.node_selector) > MAX_ENTRIES:
             add(Problem(loc, f"node_selector has over {MAX_ENTRIES} entries"))
             continue
+        placement.node_selector(h.node_selector, loc, add)
         if h.name:
             if not _DNS1035_LABEL.fullmatch(h.name) or len(h.name) > 20:
                 add(Problem(loc, f"name {h.name!r} must be a DNS-1035 label of at most 20 characters"))
@@ -165,6 +167,7 @@ def _cluster(msg: graph_pb2.ClusterHints, add: Add) -> model.ClusterHints:
                 memory_bytes_per_worker=h.memory_bytes_per_worker or None,
                 max_workers=h.max_workers or None,
                 node_selector=tuple(sorted(h.node_selector.items())),
+                placement=placement.to_placement(h, loc, add),
             )
         )
     return model.ClusterHints(

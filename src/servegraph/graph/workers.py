@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servegraph.dag import model
 from servegraph.graph.errors import GraphError, Problem, where
@@ -40,6 +40,32 @@ class WorkerGroupPlan:
     custom_resources: tuple[tuple[str, float], ...] = ()
     accelerator_type: str | None = None
     node_selector: tuple[tuple[str, str], ...] = ()
+    placement: model.Placement = field(default_factory=model.Placement)
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """What each worker pod will really offer Ray where the ServeGraph's overrides fix it
+    (`spec.rayService.workers.resources`); None leaves that resource to the planner.
+
+    Worker counts are planned for this shape, not for the default pod the overrides then
+    shrink: a 1-CPU override gets as many workers as its replicas need.
+    """
+
+    cpus: float | None = None
+    gpus: int | None = None
+    memory_bytes: int | None = None
+
+    def describe(self) -> str:
+        parts = [
+            f"{what} {value:g}"
+            for what, value in (("num_cpus", self.cpus), ("num_gpus", self.gpus), ("memory_bytes", self.memory_bytes))
+            if value is not None
+        ]
+        return ", ".join(parts)
+
+
+ANY_POD = PodShape()
 
 
 @dataclass
@@ -48,8 +74,12 @@ class _Demand:
     nodes: list[tuple[str, model.Node]]
 
 
-def plan_worker_groups(graph: model.Graph) -> tuple[WorkerGroupPlan, ...]:
-    """One plan per group that hosts at least one node, in a stable order."""
+def plan_worker_groups(graph: model.Graph, pods: PodShape = ANY_POD) -> tuple[WorkerGroupPlan, ...]:
+    """One plan per group that hosts at least one node, in a stable order.
+
+    `pods` is what the overrides fix of every worker pod; a replica bigger than that is a
+    problem naming the node, its need and the pod size.
+    """
     groups: dict[str, _Demand] = {}
     # Nodes with the same hardware class land in the same group: look it up once per class.
     by_class: dict[tuple[bool, str | None], _Demand] = {}
@@ -66,7 +96,7 @@ def plan_worker_groups(graph: model.Graph) -> tuple[WorkerGroupPlan, ...]:
     plans = []
     problems: list[Problem] = []
     for name in sorted(groups):
-        plan = _plan(name, groups[name], problems)
+        plan = _plan(name, groups[name], pods, problems)
         if plan is not None:
             plans.append(plan)
     if problems:
@@ -96,21 +126,26 @@ def _default_name(hint: model.WorkerGroupHint) -> str:
     return "gpu" if hint.gpu else "cpu"
 
 
-def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPlan | None:
+def _plan(name: str, demand: _Demand, pods: PodShape, problems: list[Problem]) -> WorkerGroupPlan | None:
     hint = demand.hint
     dflt_cpu, dflt_gpu, dflt_mem = GPU_DEFAULTS if hint.gpu else CPU_DEFAULTS
-    cpus = hint.cpus_per_worker or dflt_cpu
-    gpus = hint.gpus_per_worker or dflt_gpu
-    mem = hint.memory_bytes_per_worker or dflt_mem
+    # What the pod will have, by precedence: the ServeGraph's override (fixed), the graph's
+    # hint (fixed), else the default grown to the largest replica.
+    fixed_cpus = pods.cpus if pods.cpus is not None else hint.cpus_per_worker
+    fixed_gpus = pods.gpus if pods.gpus is not None else hint.gpus_per_worker
+    fixed_mem = pods.memory_bytes if pods.memory_bytes is not None else hint.memory_bytes_per_worker
+    cpus = fixed_cpus if fixed_cpus is not None else dflt_cpu
+    gpus = fixed_gpus if fixed_gpus is not None else dflt_gpu
+    mem = fixed_mem if fixed_mem is not None else dflt_mem
     custom: dict[str, float] = {}
     ok = True
     for app, node in demand.nodes:
         r = node.resources
-        if hint.cpus_per_worker is None:
+        if fixed_cpus is None:
             cpus = max(cpus, float(math.ceil(r.cpus)))
-        if hint.gpus_per_worker is None:
+        if fixed_gpus is None:
             gpus = max(gpus, math.ceil(r.num_gpus))
-        if hint.memory_bytes_per_worker is None:
+        if fixed_mem is None:
             mem = max(mem, math.ceil(r.memory_bytes / GiB) * GiB)
         for res, amount in r.custom:
             custom[res] = max(custom.get(res, 0.0), float(math.ceil(amount)))
@@ -125,10 +160,11 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
             )
             if need > have
         ]
+        pod = f" (the worker pod set by the ServeGraph: {pods.describe()})" if pods != ANY_POD else ""
         problems.append(
             Problem(
                 where(app=app, node=node.id, field="resources"),
-                f'one replica does not fit a worker of group "{name}": {", ".join(too_big)}',
+                f'one replica does not fit a worker of group "{name}": {", ".join(too_big)}{pod}',
             )
         )
         ok = False
@@ -158,6 +194,7 @@ def _plan(name: str, demand: _Demand, problems: list[Problem]) -> WorkerGroupPla
         custom_resources=tuple(sorted(custom.items())),
         accelerator_type=hint.accelerator_type,
         node_selector=hint.node_selector,
+        placement=hint.placement,
     )
 
 

@@ -15,8 +15,6 @@ import asyncio
 import json
 import os
 import socket
-import ssl
-import struct
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.rest import ApiException
 
+from servegraph.kube.session import session as _session
 from servegraph.names import (
     API_VERSION,
     FIELD_MANAGER,
@@ -35,6 +34,7 @@ from servegraph.names import (
     RAY_GROUP,
     RAY_PLURAL,
     RAY_VERSION,
+    SHARD_LABEL,
     VERSION,
 )
 
@@ -50,6 +50,11 @@ class KubeError(Exception):
         super().__init__(message)
         self.reason = reason
         self.status = status
+
+
+def _pointer(key: str) -> str:
+    """`key` as one JSON-pointer segment (RFC 6901): a label key's `/` is `~1`."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _error(exc: ApiException, what: str) -> KubeError:
@@ -84,33 +89,6 @@ async def connect(kubeconfig: str | None = None) -> client.ApiClient:
     return api
 
 
-def _session(cfg: client.Configuration) -> aiohttp.ClientSession:
-    """The client's session, made here rather than by kubernetes_asyncio, for two reasons.
-
-    It trusts no environment: kubernetes_asyncio's reads the proxy variables and parses
-    ~/.netrc on every request, twice through a thread pool (8 % of the operator's CPU at
-    1,000 ServeGraphs; a kubeconfig `proxy-url` still applies, passed per request). And
-    its sockets close abortively (SO_LINGER 0): when `abort_connections` closes them,
-    the kernel drops what is unsent and resets the connection, so a write stuck in the
-    network when this replica stops leading never arrives afterwards.
-    """
-    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    if cfg.cert_file:
-        context.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
-    if not cfg.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    connector = aiohttp.TCPConnector(limit=cfg.connection_pool_maxsize, ssl=context, socket_factory=_abortive_socket)
-    return aiohttp.ClientSession(connector=connector, read_bufsize=2**21)
-
-
-def _abortive_socket(addr_info: Any) -> socket.socket:
-    family, type_, proto, _, _ = addr_info
-    sock = socket.socket(family=family, type=type_, proto=proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    return sock
-
-
 async def _raw(call: Awaitable[Any], what: str) -> Any:
     """Await a generated-client call made with `_preload_content=False`.
 
@@ -141,6 +119,8 @@ class KubeClient:
         self.api = api
         self.timeout_s = timeout_s
         self.may_write = may_write
+        self.shard: str | None = None
+        """This operator's shard (`--shard`): status writes require the ServeGraph to still carry it."""
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
 
@@ -206,6 +186,20 @@ class KubeClient:
         )
         return obj
 
+    async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete the RayService only as it was read (uid and resourceVersion preconditions: 409
+        otherwise); gone already is no error. KubeRay's finalizer removes its Ray clusters first."""
+        what = f"delete RayService {namespace}/{name}"
+        self._fence(what)
+        where = (RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)
+        options = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        delete = self._custom.delete_namespaced_custom_object
+        try:
+            await _raw(delete(*where, body=options, _preload_content=False, _request_timeout=self.timeout_s), what)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
     async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None:
         """Write the whole status of the ServeGraph with this uid, and of no other.
 
@@ -215,7 +209,10 @@ class KubeClient:
         """
         what = f"patch status of ServeGraph {namespace}/{name}"
         self._fence(what)
-        ops = [{"op": "test", "path": "/metadata/uid", "value": uid}, {"op": "add", "path": "/status", "value": status}]
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        if self.shard is not None:  # moved to another shard meanwhile: refused, as a replaced one is
+            ops.append({"op": "test", "path": f"/metadata/labels/{_pointer(SHARD_LABEL)}", "value": self.shard})
+        ops.append({"op": "add", "path": "/status", "value": status})
         try:
             await _raw(
                 self._custom.patch_namespaced_custom_object_status(
@@ -233,7 +230,8 @@ class KubeClient:
             )
         except KubeError as exc:
             if exc.status == 422 and str(exc).endswith(_PRECONDITION):
-                raise KubeError("Replaced", f"{what}: it was deleted and created again", 409) from None
+                moved = ", or moved to another shard" if self.shard is not None else ""
+                raise KubeError("Replaced", f"{what}: it was deleted and created again{moved}", 409) from None
             raise
 
     async def annotate_servegraph(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
@@ -364,3 +362,17 @@ class KubeClient:
         if host and service_port and service_port.isdigit():
             found.append((host, int(service_port)))
         return sorted(set(found))
+
+    async def api_server_slice_endpoints(self) -> list[tuple[str, int]]:
+        """(address, port) of the API servers themselves: the `kubernetes` Service's EndpointSlice
+        in `default` (its ClusterIP hides them, and a pod may reach them directly)."""
+        discovery = client.DiscoveryV1Api(self.api)
+        found = await _raw(
+            discovery.read_namespaced_endpoint_slice(
+                "kubernetes", "default", _preload_content=False, _request_timeout=self.timeout_s
+            ),
+            "read EndpointSlice default/kubernetes",
+        )
+        ports = [p["port"] for p in found.get("ports") or () if isinstance(p.get("port"), int)]
+        addresses = [a for e in found.get("endpoints") or () for a in e.get("addresses") or ()]
+        return sorted({(a, p) for a in addresses for p in ports})

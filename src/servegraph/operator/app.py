@@ -28,10 +28,11 @@ from servegraph.operator.cache import Key
 from servegraph.operator.events_endpoint import events_app
 from servegraph.operator.leader import LeaderElector, LeaseConfig
 from servegraph.operator.metrics import Metrics
-from servegraph.operator.parsing import GraphParser
+from servegraph.operator.parsing import GraphParser, default_workers
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler
 from servegraph.operator.secrets import SecretError, SecretKeyRef
+from servegraph.operator.sharding import Shard
 from servegraph.operator.worker import run_worker
 from servegraph.source import Limits, RegistryClient, SourcePolicy
 
@@ -61,6 +62,11 @@ class Options:
     policy: SourcePolicy = field(default_factory=SourcePolicy)
     limits: Limits = field(default_factory=Limits)
     fetches_per_namespace: int = 2
+    serve_service_types: frozenset[str] = frozenset()
+    parse_workers: int = 0
+    """Graph parse processes; 0: `parsing.default_workers()`, from the CPU limit."""
+    shard: Shard = field(default_factory=Shard)
+    """Which ServeGraphs this instance owns (operator/sharding.py); default: all."""
 
 
 @dataclass
@@ -166,9 +172,22 @@ async def _serve(app: web.Application, host: str, port: int) -> tuple[web.AppRun
 
 async def cluster_policy(policy: SourcePolicy, kube: KubeClient) -> SourcePolicy:
     """The administrator's policy plus what the cluster itself says must not be a graph
-    source: its API server as this client reaches it, and its Service range (ServiceCIDRs,
-    where the operator may list them: cluster-wide mode on Kubernetes 1.33+)."""
+    source: its API server as this client reaches it and its real endpoints (the
+    `kubernetes` EndpointSlice, where the operator may read it: cluster-wide mode), its
+    Service range (ServiceCIDRs, where the operator may list them: cluster-wide mode on
+    Kubernetes 1.33+), and the operator's own pod (POD_IPS, from the downward API)."""
     endpoints = [(ipaddress.ip_address(a.split("%")[0]), p) for a, p in await kube.api_server_endpoints()]
+    try:
+        endpoints += [(ipaddress.ip_address(a), p) for a, p in await kube.api_server_slice_endpoints()]
+    except (KubeError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        # NotFound: an API server without the endpoint reconciler publishes none to learn.
+        log.log(
+            logging.INFO if reason == "NotFound" else logging.WARNING,
+            "cannot read the API server's endpoints, EndpointSlice default/kubernetes (%s); "
+            "deny them with --denied-source-networks",
+            reason,
+        )
     networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     try:
         networks = [ipaddress.ip_network(c, strict=False) for c in await kube.service_cidrs()]
@@ -177,20 +196,36 @@ async def cluster_policy(policy: SourcePolicy, kube: KubeClient) -> SourcePolicy
             "cannot read the cluster's Service range (%s); deny it with --denied-source-networks",
             getattr(exc, "reason", exc),
         )
-    return policy.with_denied(networks, endpoints)
+    return policy.with_denied(networks, endpoints, own_pod_addresses())
+
+
+def own_pod_addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The operator's pod IPs, all ports of which are refused as sources: its health, metrics
+    and events endpoints answer there. POD_IPS (status.podIPs, comma-separated) or POD_IP."""
+    found = []
+    for text in (os.environ.get("POD_IPS") or os.environ.get("POD_IP") or "").split(","):
+        try:
+            found.append(ipaddress.ip_address(text.strip()))
+        except ValueError:
+            if text.strip():
+                log.warning("ignoring POD_IPS entry %r: not an IP address", text.strip())
+    return found
 
 
 async def start(options: Options) -> Operator:
     api = await connect(options.kubeconfig)
-    # Audit logs then tell replicas apart, as they share one ServiceAccount.
-    api.user_agent = f"{FIELD_MANAGER}/{__version__} ({options.identity})"
+    # Audit logs then tell replicas and shards apart, as they share one ServiceAccount.
+    shard = options.shard
+    where = "" if not shard.sharded else f"; shard {shard.name}" if shard.name else "; default shard"
+    api.user_agent = f"{FIELD_MANAGER}/{__version__} ({options.identity}{where})"
     kube = KubeClient(api)
+    kube.shard = shard.name
     metrics = Metrics()
     queue: WorkQueue[Key] = WorkQueue()
     policy = await cluster_policy(options.policy, kube)
     log.info("graph sources: %s", policy.describe())
     registry = RegistryClient(policy, observe=metrics.observe_fetch)
-    parser = GraphParser()
+    parser = GraphParser(workers=options.parse_workers or default_workers())
     await parser.start()
     reconciler = Reconciler(
         kube,
@@ -200,7 +235,11 @@ async def start(options: Options) -> Operator:
         parser=parser.parse,
         limits=options.limits,
         fetches_per_namespace=options.fetches_per_namespace,
+        serve_service_types=options.serve_service_types,
+        owns=shard.owns,
     )
+    if shard.sharded:
+        log.info("shard: ServeGraphs selected by %r, lease %s", shard.selector(), options.lease_name)
     operator = Operator(options, reconciler, queue, registry, parser, kube, metrics)
     runner, operator.ports["health"] = await _serve(health_app(metrics), options.health_host, options.health_port)
     operator.runners.append(runner)

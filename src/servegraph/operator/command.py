@@ -33,7 +33,22 @@ def add_arguments(subparsers: Any) -> None:
     p.add_argument("--health-address", default="0.0.0.0:8080", help="host:port of /healthz, /readyz and /metrics")
     p.add_argument("--leader-elect", action="store_true", help="run several replicas; one reconciles (Lease)")
     p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", OPERATOR_NAMESPACE))
-    p.add_argument("--leader-election-id", default=LEASE_NAME, help="name of the Lease")
+    p.add_argument(
+        "--leader-election-id",
+        default="",
+        help=f"name of the Lease (default: {LEASE_NAME}; with --shard NAME: {LEASE_NAME}-shard-NAME)",
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="NAME",
+        help="reconcile only ServeGraphs labelled servegraph.io/shard=NAME (one operator Deployment per shard)",
+    )
+    p.add_argument(
+        "--shard-default",
+        action="store_true",
+        help="reconcile only ServeGraphs without the servegraph.io/shard label (the main instance beside shards)",
+    )
     p.add_argument(
         "--events-address", default="", help="host:port of POST /v1/events (graph published); off when empty"
     )
@@ -46,7 +61,7 @@ def add_arguments(subparsers: Any) -> None:
     p.add_argument(
         "--allowed-source-hosts",
         default="*",
-        help="comma-separated host globs graphs may be downloaded from ('*': any host; empty: none)",
+        help="comma-separated host globs graphs may be downloaded from ('*': any host; empty is refused)",
     )
     p.add_argument(
         "--allowed-source-networks",
@@ -61,12 +76,30 @@ def add_arguments(subparsers: Any) -> None:
         metavar="CIDRS",
         help="comma-separated networks refused too (the Service range, when the operator cannot list ServiceCIDRs)",
     )
+    p.add_argument(
+        "--allow-insecure-http-sources",
+        action="store_true",
+        help="let a ServeGraph's allowInsecureHTTP download over plain http:// (default: refused, whatever it says)",
+    )
     _limit_arguments(p, "--max-graph-bytes", "--max-fetch-seconds")
     p.add_argument(
         "--fetches-per-namespace",
         type=int,
         default=2,
         help="downloads at once from one namespace's ServeGraphs (so one namespace cannot take every worker)",
+    )
+    p.add_argument(
+        "--parse-workers",
+        type=int,
+        default=0,
+        help="graph parse processes, shared by namespace in turn (default: the CPU limit, at least 2, at most 4)",
+    )
+    p.add_argument(
+        "--allow-serve-service-types",
+        default="",
+        metavar="TYPES",
+        help="comma-separated Service types a ServeGraph's serveService may have besides ClusterIP: "
+        "NodePort, LoadBalancer (default: none)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
@@ -84,7 +117,11 @@ def add_arguments(subparsers: Any) -> None:
     f.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole download (spec.source.timeout)")
     f.add_argument("--max-bytes", type=int, default=16 * MiB, help="size limit (spec.source.maxBytes)")
     _limit_arguments(f, "--max-graph-bytes", "--max-fetch-seconds")
-    f.add_argument("--allow-insecure-http", action="store_true", help="allow http:// (spec.source.allowInsecureHTTP)")
+    f.add_argument(
+        "--allow-insecure-http",
+        action="store_true",
+        help="allow http:// (what allowInsecureHTTP does under the operator's --allow-insecure-http-sources)",
+    )
     f.add_argument("-o", "--output", type=Path, help="write the downloaded bytes here")
     f.add_argument("-v", "--verbose", action="store_true", help="also print what only an administrator may see")
     f.set_defaults(func=fetch)
@@ -109,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
         import kopf
 
         import servegraph.operator.handlers  # noqa: F401 - registers the handlers
-        from servegraph.operator import kopf_settings, secrets
+        from servegraph.operator import kopf_settings, secrets, serve_service
         from servegraph.operator.app import Options
+        from servegraph.operator.sharding import Shard
         from servegraph.source import Limits, SourcePolicy
 
     registry = kopf.get_default_registry()
@@ -129,9 +167,24 @@ def run(args: argparse.Namespace) -> int:
     if not hosts:
         raise SystemExit("servegraph run: --allowed-source-hosts is empty: name the registry hosts, or '*' for any")
     try:
-        policy = SourcePolicy.build(hosts, _split(args.allowed_source_networks), _split(args.denied_source_networks))
+        policy = SourcePolicy.build(
+            hosts,
+            _split(args.allowed_source_networks),
+            _split(args.denied_source_networks),
+            allow_insecure_http=args.allow_insecure_http_sources,
+        )
     except ValueError as exc:
         raise SystemExit(f"servegraph run: {exc}") from None
+    try:
+        serve_service_types = serve_service.parse_types(args.allow_serve_service_types)
+    except ValueError as exc:
+        raise SystemExit(f"servegraph run: {exc}") from None
+    try:
+        shard = Shard.from_flags(args.shard, args.shard_default)
+    except ValueError as exc:
+        raise SystemExit(f"servegraph run: {exc}") from None
+    if args.parse_workers < 0:
+        raise SystemExit("servegraph run: --parse-workers must be 1 or more (0: from the CPU limit)")
     options = Options(
         kubeconfig=args.kubeconfig,
         workers=args.workers,
@@ -139,13 +192,16 @@ def run(args: argparse.Namespace) -> int:
         health_port=int(port),
         leader_elect=args.leader_elect,
         lease_namespace=args.leader_election_namespace,
-        lease_name=args.leader_election_id,
+        lease_name=args.leader_election_id or shard.lease_name(LEASE_NAME),
+        shard=shard,
         events_host=events_host if args.events_address else None,
         events_port=int(events_port or 0),
         events_token_secret=secret,
         policy=policy,
         limits=Limits(max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds),
         fetches_per_namespace=args.fetches_per_namespace,
+        serve_service_types=serve_service_types,
+        parse_workers=args.parse_workers,
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("servegraph").setLevel(logging.INFO)
@@ -175,7 +231,12 @@ def fetch(args: argparse.Namespace) -> int:
     token = args.token_file.read_text()
     ca_pem = args.ca_file.read_text() if args.ca_file else None
     try:
-        policy = SourcePolicy.build(args.allow_host or ["*"], args.allow_network, args.deny_network)
+        policy = SourcePolicy.build(
+            args.allow_host or ["*"],
+            args.allow_network,
+            args.deny_network,
+            allow_insecure_http=args.allow_insecure_http,  # the administrator's own tool: their word
+        )
     except ValueError as exc:
         raise SystemExit(f"servegraph fetch: {exc}") from None
     return asyncio.run(_fetch(args, policy, token, ca_pem))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from servegraph.graph import GraphError
@@ -32,6 +33,16 @@ class ConfigMaps(Protocol):
     async def read_configmap_key(self, namespace: str, name: str, key: str) -> str: ...
 
 
+def needs_fetch(memory: Memory, source: Source, refresh: str | None, now: float) -> bool:
+    """New inputs fetch at once; a failure waits for its retry; otherwise only a poll fetches."""
+    state = memory.fetch
+    if state.force or state.source != source or state.refresh != refresh:
+        return True
+    if state.retry_at:
+        return now >= state.retry_at
+    return source.poll_interval_s is not None and now >= state.poll_due
+
+
 class Downloader:
     def __init__(
         self,
@@ -42,6 +53,7 @@ class Downloader:
         limits: Limits,
         cache: WatchCache,
         min_retry_delay_s: float,
+        unexpected: Callable[[Exception], None] = lambda exc: None,
     ) -> None:
         self.fetcher = fetcher
         self.parser = parser
@@ -50,6 +62,8 @@ class Downloader:
         self.limits = limits
         self.cache = cache
         self.min_retry_delay_s = min_retry_delay_s
+        self.unexpected = unexpected
+        """Told of each failure nobody foresaw (the reconciler counts it in a metric)."""
 
     async def run(
         self, key: tuple[str, str], memory: Memory, source: Source, refresh: str | None, out: Outcome
@@ -64,6 +78,8 @@ class Downloader:
             got = await self._download(source, etag)
         except Exception as exc:
             out.fetched = _failure(key, exc)
+            if out.fetched.reason == "InternalError":
+                self.unexpected(exc)
             # Retried on the queue's backoff; events arriving before its earliest retry do
             # not fetch. Counted from the failure (a download with retries outlasts that),
             # and never past the retry: a retry that skipped the fetch would be the last.
@@ -75,18 +91,20 @@ class Downloader:
             out.fetched = Condition("Fetched", True, "NotModified", f"{got.url} has not changed (ETag {got.etag})")
             return
         if source.sha256 and got.digest != source.sha256:
+            # Neither the digest nor the size of what answered: with both, the status would
+            # let a tenant brute-force a small secret an internal endpoint returns.
             out.fetched = Condition(
                 "Fetched",
                 False,
                 "DigestMismatch",
-                f"{got.url} served content with sha256 {got.digest}, not the pinned {source.sha256}",
+                f"{got.url} served content that does not match the pinned sha256 {source.sha256}",
             )
             state.etag = None
             return
-        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}")
+        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded from {got.url}")
         try:
             graph = self.cache.graph(got.digest) or await self.parser(got.body, self._max_bytes(source))
-        except GraphError as exc:
+        except GraphError as exc:  # not a graph: its size stays unsaid, as its digest
             out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
             state.etag = None  # revalidate the next download in full
             return
@@ -97,6 +115,7 @@ class Downloader:
         self.cache.share_graph(got.digest, graph)
         memory.good, state.etag = GoodGraph(graph, got.digest), got.etag
         memory.good_bytes = got.body if len(got.body) <= store.BUDGET else None  # kept for rollback
+        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}")
         summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
         out.valid = Condition("GraphValid", True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}")
 

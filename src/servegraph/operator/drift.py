@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servegraph.names import KIND, SPEC_HASH_ANNOTATION
+from servegraph.operator.blockers import mirror_pending
 from servegraph.operator.status import mirror_applications, mirror_upgrade
 
 MatchKey = tuple[Any, ...]
@@ -27,6 +28,8 @@ class Desired:
     """(graph digest, ServeGraph uid, generation): render again when it changes."""
     match_key: MatchKey
     """(spec hash, owner uid): what a live RayService is compared by."""
+    size: int = 0
+    """Bytes of the manifest as JSON (objectsize.manifest_bytes): over the limit it is never applied."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Live:
     """False when nothing was desired yet to compare with (the reconcile then reads it)."""
     upgrade: dict[str, Any] | None = None
     """KubeRay's new-cluster upgrade in progress, if any (status.mirror_upgrade)."""
+    pending: dict[str, Any] | None = None
+    """The Ray cluster KubeRay is starting, its applications and their messages, bounded
+    (blockers.mirror_pending): why a first rollout or an upgrade is stuck."""
     owner: Owner | None = None
     managers: tuple[str, ...] = ()
     """The field managers that wrote it: who made it, when no controller owns it."""
@@ -62,6 +68,8 @@ class Live:
     serve_config: str = ""
     raw: dict[str, Any] | None = None
     """The object itself, only while it was not compared (start-up): compared on first use."""
+    deleting: bool = False
+    """Deleted, waiting for KubeRay's finalizer (it removes the Ray clusters first)."""
 
 
 def live_record(body: Mapping[str, Any], matched: MatchKey | None, compared: bool = True) -> Live:
@@ -91,12 +99,14 @@ def live_record(body: Mapping[str, Any], matched: MatchKey | None, compared: boo
         mirror_applications(body),
         compared=compared,
         upgrade=mirror_upgrade(body),
+        pending=mirror_pending(body),
         owner=owner,
         managers=managers,
         settled=int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0) > 0,
         cluster=spec.get("rayClusterConfig"),
         serve_config=spec.get("serveConfigV2") or "",
         raw=None if compared else dict(body),
+        deleting=bool(meta.get("deletionTimestamp")),
     )
 
 

@@ -18,7 +18,7 @@ from servegraph.source import Fetched, FetchRequest
 class ApiServer(Protocol):
     """What the reconcile needs of the Kubernetes API server, and nothing more:
     apply, write status, post an event, get (a RayService, a Secret, a ConfigMap key),
-    and the rollback store's ConfigMap.
+    the rollback store's ConfigMap, and delete a RayService (spec.suspend).
 
     `servegraph.kube.KubeClient` is the real one. Failures raise `KubeError`.
     """
@@ -26,6 +26,8 @@ class ApiServer(Protocol):
     async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
+
+    async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None: ...
 
     async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None: ...
 

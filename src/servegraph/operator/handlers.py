@@ -31,7 +31,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def startup(
     settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
 ) -> None:
-    kopf_settings.configure(settings)
+    kopf_settings.configure(settings, memo.options.shard.selector())
     memo.operator = await app.start(memo.options)
     logger.info("servegraph operator started")
 
@@ -45,7 +45,11 @@ async def cleanup(memo: Any, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    memo.operator.reconciler.servegraph_changed(event["object"], deleted=event["type"] == "DELETED")
+    # The watch's selector leaves out other shards' ServeGraphs, and one relabelled away arrives
+    # as DELETED; the client-side check keeps that true should an event slip through anyway.
+    body = event["object"]
+    gone = event["type"] == "DELETED" or not memo.options.shard.owns(body)
+    memo.operator.reconciler.servegraph_changed(body, deleted=gone)
 
 
 @kopf.on.event(RAY_GROUP, RAY_VERSION, RAY_PLURAL, labels={GRAPH_LABEL: kopf.PRESENT})

@@ -7,6 +7,8 @@ from typing import Any, cast
 
 import kopf
 
+from servegraph.names import GROUP, PLURAL
+
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """kopf's change detection, switched off.
@@ -52,7 +54,9 @@ def refuse_change_handlers(registry: kopf.OperatorRegistry) -> None:
         )
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, servegraph_selector: str = "") -> None:
+    """`servegraph_selector`: the shard's label selector (`sharding.Shard.selector`), sent to
+    the API server with the ServeGraph list and watch, so a shard never receives the others'."""
     settings.posting.enabled = False  # we post our own Events, on transitions only
     settings.peering.standalone = True
     settings.scanning.disabled = True  # resources resolved once at start: no CRD watch, no RBAC for it
@@ -63,3 +67,5 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.connect_timeout = 10
     settings.networking.request_timeout = 60
     settings.persistence.diffbase_storage = NoDiffBase()
+    if servegraph_selector:
+        settings.watching.label_selectors[GROUP, PLURAL] = servegraph_selector

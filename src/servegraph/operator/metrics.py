@@ -82,6 +82,12 @@ class Metrics:
             "servegraph_fetch_responses_total", "Registry responses by HTTP status", ["code"], registry=r
         )
         self.writes = Counter("servegraph_api_writes_total", "Writes to the API server by kind", ["kind"], registry=r)
+        self.internal_errors = Counter(
+            "servegraph_internal_errors_total",
+            "Exceptions nobody foresaw in a reconcile step, by step and type (a bug: the log has the traceback)",
+            ["step", "exception"],
+            registry=r,
+        )
         per_graph = ["namespace", "name"]
         self.graph_fetch_seconds = Histogram(
             "servegraph_graph_fetch_duration_seconds",
@@ -116,6 +122,10 @@ class Metrics:
         self.reconciles.labels(result).inc()
         self.reconcile_seconds.labels(result).observe(seconds)
         self.graph_reconcile_seconds.labels(*key).observe(seconds)
+
+    def internal_error(self, step: str, exc: BaseException) -> None:
+        """A reconcile step (reconcile.STEPS) failed with an exception of no known kind."""
+        self.internal_errors.labels(step, type(exc).__name__).inc()
 
     def observe_fetch(self, status: int | None, seconds: float, n_bytes: int) -> None:
         """One registry request (the fetcher's callback), also counted for the ServeGraph being reconciled."""

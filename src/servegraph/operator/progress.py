@@ -16,7 +16,8 @@ from typing import Any
 
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
-from servegraph.operator import store
+from servegraph.operator import store, suspension
+from servegraph.operator.blockers import blocking_problem
 from servegraph.operator.cache import Memory
 from servegraph.operator.conditions import Condition
 from servegraph.operator.drift import Live
@@ -73,7 +74,7 @@ class Rollouts:
         before the store is written (the ServeGraph may have gone meanwhile)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        status = body.get("status") or {}
+        status = suspension.resume(body.get("status") or {}, self.clock())  # a rollout's clock runs again
         candidate = None
         if memory.good is not None:
             candidate = Candidate(memory.good.digest, memory.good.graph.version, source_url)
@@ -81,7 +82,8 @@ class Rollouts:
         health = None
         if live is not None:
             expected = tuple(a.name for a in current.graph.applications) if current is not None else ()
-            health = Health(live.settled, live.applications, live.upgrade, expected)
+            blocker = blocking_problem(live.applications, live.pending, expected)
+            health = Health(live.settled, live.applications, live.upgrade, expected, blocker)
         history = status.get("history") or []
         kept = [h["digest"] for h in history if h.get("rollbackAvailable")]
         decision = decide(rollout_spec, candidate, status, kept, health, self.clock())

@@ -6,16 +6,16 @@ else, so any trigger may run it any number of times. A failed download or an
 invalid graph changes conditions, never the running RayService. In steady state it
 reads nothing but the RayService and writes nothing at all.
 
-The reconciler composes the edges it is given (`edges`): an `ApiServer` (the
-Kubernetes client in production, an in-memory one in unit tests), a `Fetcher` (the
-registry client), a `Parser`, the `WatchCache` and the work queue. Which version to
-run is `progress.Rollouts`' answer; what the status says is decided by
-`status.report`, a pure function.
+The reconciler composes the edges it is given (`edges`): an `ApiServer`, a `Fetcher`,
+a `Parser`, the `WatchCache` and the work queue. Which version to run is
+`progress.Rollouts`' answer; whose the RayService is and its write, `writer`'s; what
+the status says, `status.report`'s (pure). Nothing is written for a ServeGraph
+deleted or replaced meanwhile (re-checked before every write; the status write
+carries a uid precondition), and no namespace holds more than its share of downloads.
 
-What a tenant cannot make it do: write a RayService another ServeGraph or a person
-owns (`drift.conflict`), write anything for a ServeGraph deleted or replaced while
-its graph downloaded (re-checked before every write, and the status write carries
-a uid precondition), or hold more than its namespace's share of the downloads.
+Every step's unexpected exception ends the same way as the download's: a condition
+naming its type (never its message, which could carry anything), the Warning Event
+of that transition, `servegraph_internal_errors_total` and a retry with backoff.
 """
 
 from __future__ import annotations
@@ -23,30 +23,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from servegraph.graph import GraphError
 from servegraph.kube import KubeError
 from servegraph.names import GROUP, KIND, REFRESH_ANNOTATION, SPEC_HASH_ANNOTATION
-from servegraph.operator import conditions
+from servegraph.operator import conditions, suspension
+from servegraph.operator import restart as restarts
 from servegraph.operator.cache import Key, Memory, WatchCache
 from servegraph.operator.conditions import Condition
-from servegraph.operator.download import Downloader
-from servegraph.operator.drift import Desired, Live, conflict, live_of, live_record
+from servegraph.operator.download import Downloader, needs_fetch
+from servegraph.operator.drift import Desired, Live, live_of
 from servegraph.operator.edges import ApiServer, Fetcher, Parser
 from servegraph.operator.metrics import Metrics
+from servegraph.operator.objectsize import manifest_bytes
 from servegraph.operator.parsing import parse_here
 from servegraph.operator.progress import Rollouts
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.rollout import Decision
 from servegraph.operator.secrets import SecretCache
 from servegraph.operator.slots import NamespaceSlots
-from servegraph.operator.spec import ServeGraphSpec, Source, SpecError, owner_reference, parse_spec
+from servegraph.operator.spec import ServeGraphSpec, SpecError, owner_reference, parse_spec
 from servegraph.operator.status import Event, GoodGraph, Observed, Outcome, report
+from servegraph.operator.writer import RayServiceWriter
 from servegraph.render import render_rayservice
 from servegraph.render.rayservice import rayservice_name
-from servegraph.render.upgrade import predict
 from servegraph.source import Limits
 
 log = logging.getLogger("servegraph.operator")
@@ -54,6 +57,18 @@ log = logging.getLogger("servegraph.operator")
 
 class RetryLater(Exception):
     """The reconcile did what it could; run it again after a backoff."""
+
+
+# Each step of a reconcile: the condition its unexpected exception is reported in, and what it was doing.
+STEPS = {
+    "spec": ("Fetched", "reading the spec"),
+    "download": ("Fetched", "downloading"),
+    "ownership": ("Applied", "checking who owns the RayService"),
+    "rollout": ("Applied", "planning the rollout"),
+    "render": ("Applied", "rendering the RayService"),
+    "apply": ("Applied", "applying the RayService"),
+    "status": ("", "writing the status"),
+}
 
 
 class Reconciler:
@@ -69,17 +84,31 @@ class Reconciler:
         limits: Limits | None = None,
         fetches_per_namespace: int = 2,
         secret_ttl_s: float = 10.0,
+        serve_service_types: frozenset[str] = frozenset(),
+        owns: Callable[[Mapping[str, Any]], bool] = lambda _: True,
     ) -> None:
         self.api = api
+        self.owns = owns
+        """Whether a ServeGraph is this shard's (`sharding.Shard.owns`): checked with `_current`."""
+        self.serve_service_types = serve_service_types
+        """Service types the administrator allows a serveService besides ClusterIP."""
         self.metrics = metrics
         self.queue = queue
         self.cache = cache or WatchCache()
         self.secrets = SecretCache(api.read_secret_data, ttl_s=secret_ttl_s)
         self.slots = NamespaceSlots(fetches_per_namespace, queue.add)
         self.downloader = Downloader(
-            fetcher, parser, self.secrets, api, limits or Limits(), self.cache, queue.min_retry_delay_s
+            fetcher,
+            parser,
+            self.secrets,
+            api,
+            limits or Limits(),
+            self.cache,
+            queue.min_retry_delay_s,
+            unexpected=lambda exc: metrics.internal_error("download", exc),
         )
         self.rollouts = Rollouts(api, parser, metrics)
+        self.writer = RayServiceWriter(api, self.cache, metrics)
         metrics.watch_conditions(self.cache.condition_pairs)
 
     # -- triggers: each only records what changed and queues the key -------------
@@ -133,33 +162,51 @@ class Reconciler:
         except RetryLater:
             result = "retry"
             raise
+        except Exception as exc:  # escaped every step: the status could not be written
+            self._unexpected(key, "status", exc, None)
+            if self._current(key, body):
+                warning = Event("Warning", "InternalError", _internal(exc, "status"))
+                await self._event(body, warning, conditions.now_rfc3339())
+            result = "retry"
+            raise RetryLater from None
         finally:
             self.metrics.observe_reconcile(key, result, time.monotonic() - start)
 
     def _current(self, key: Key, body: Mapping[str, Any]) -> bool:
-        """Whether the ServeGraph read at the start is still there, the same object: checked
-        before every write, as a download or an API call may have let it be deleted or replaced."""
+        """Whether the ServeGraph read at the start is still there, the same object, and still
+        this shard's: checked before every write, as a download or an API call may have let it
+        be deleted, replaced or moved to another shard."""
         now = self.cache.body(key)
-        return now is not None and now["metadata"].get("uid") == body["metadata"].get("uid")
+        return now is not None and now["metadata"].get("uid") == body["metadata"].get("uid") and self.owns(now)
 
     async def _reconcile(self, key: Key, body: dict[str, Any]) -> float | None:
         namespace, _ = key
         memory = self.cache.memory(key)
         out = Outcome()
         try:
-            spec = parse_spec(body.get("spec") or {}, namespace)
-        except SpecError as exc:
-            out.fetched = Condition("Fetched", False, "InvalidSpec", str(exc))
+            spec = parse_spec(body.get("spec") or {}, namespace, self.serve_service_types)
+        except Exception as exc:
+            if isinstance(exc, SpecError):
+                out.fetched = Condition("Fetched", False, "InvalidSpec", str(exc))
+            else:
+                self._unexpected(key, "spec", exc, out)
             await self._write_status(
                 key, body, memory, Observed(out, None, None, None, None, still_current=frozenset())
             )
+            if out.retry:
+                raise RetryLater from None
             return None
+        if spec.suspend:
+            await self._suspended(key, body, spec, memory)
+            return None  # no poll while suspended
 
         refresh = (body["metadata"].get("annotations") or {}).get(REFRESH_ANNOTATION)
-        if self._needs_fetch(memory, spec.source, refresh, time.monotonic()):
+        if needs_fetch(memory, spec.source, refresh, time.monotonic()):
             if self.slots.acquire(key):
                 try:
                     await self.downloader.run(key, memory, spec.source, refresh, out)
+                except Exception as exc:  # outside the download's own handling (its bookkeeping)
+                    self._unexpected(key, "download", exc, out)
                 finally:
                     self.slots.release(key)
             # else: parked; the namespace's next freed slot queues it again
@@ -167,22 +214,50 @@ class Reconciler:
                 return None  # deleted or replaced while downloading: write nothing for it
 
         live: Live | None = None
+        desired: Desired | None = None
         rs_name = clash = None
         decision: Decision | None = None
         target: GoodGraph | None = None
         if memory.good is not None or (body.get("status") or {}).get("rollout"):
             rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
-            live, clash = await self._owned_live(key, body, rs_name, out)
-            if clash is None and not out.retry:
-                target, decision = await self.rollouts.plan(
-                    body, memory, spec.rollout, spec.source.url, live, out, may_write=lambda: self._current(key, body)
-                )
-            if target is not None and not out.retry:
-                desired = await self._desired(memory, target, spec, body, live)
-                if live is not None and live.raw is not None:  # seen before anything was desired
-                    live = live_of(live.raw, desired)
-                    self.cache.put_rayservice((namespace, rs_name), live)
-                live = await self._apply_if_needed(key, body, desired, live, out, decision)
+            step = "ownership"
+            try:
+                live, clash = await self.writer.owned_live(key, body, rs_name, out)
+                deleting = live is not None and live.deleting  # after a suspend: created again once gone
+                if deleting:
+                    live = None
+                    out.applied = Condition("Applied", None, "WaitingForDeletion", f"RayService {rs_name} is deleting")
+                if clash is None and not out.retry:
+                    step = "rollout"
+                    target, decision = await self.rollouts.plan(
+                        body,
+                        memory,
+                        spec.rollout,
+                        spec.source.url,
+                        live,
+                        out,
+                        may_write=lambda: self._current(key, body),
+                    )
+                if target is not None and not out.retry and not deleting:
+                    step = "render"
+                    restart = restarts.decide(
+                        body["metadata"].get("annotations") or {},
+                        spec.ray_service.get("upgradeStrategy"),
+                        live.cluster if live is not None else None,
+                    )
+                    desired = await self._desired(memory, target, spec, body, live, out, restart.value)
+                if desired is not None:
+                    if live is not None and live.raw is not None:  # seen before anything was desired
+                        live = live_of(live.raw, desired)
+                        self.cache.put_rayservice((namespace, rs_name), live)
+                    step = "apply"
+                    live, clash = await self.writer.apply(
+                        key, body["metadata"]["uid"], desired, live, out, decision, lambda: self._current(key, body)
+                    )
+                    if restart.refused is not None and out.applied is not None and out.applied.status:
+                        out.applied = restart.refused
+            except Exception as exc:
+                self._unexpected(key, step, exc, out)
         if memory.good is None and target is None and out.applied is None:
             out.applied = Condition("Applied", False, "NoValidGraph", "no valid graph has been downloaded yet")
         for cond in (out.fetched, out.valid, out.applied, out.progressing):
@@ -195,6 +270,7 @@ class Reconciler:
             rayservice=rs_name,
             applications=live.applications if live is not None else None,
             upgrade=live.upgrade if live is not None else None,
+            pending=live.pending if live is not None else None,
             rollout=decision.rollout if decision is not None else None,
             history=decision.history if decision is not None else None,
             conflict=clash,
@@ -209,37 +285,16 @@ class Reconciler:
         known = [d for d in delays if d is not None]
         return min(known) if known else None
 
-    async def _owned_live(
-        self, key: Key, body: Mapping[str, Any], rs_name: str, out: Outcome
-    ) -> tuple[Live | None, str | None]:
-        """The live RayService of that name if this ServeGraph may write it; else why not.
-
-        In this process one ServeGraph renders a given name (the first to claim it), and
-        only a RayService this ServeGraph controls, or none, is written: one made by hand
-        or controlled by another ServeGraph is `Conflict`, never taken over.
-        """
-        namespace = key[0]
-        holder = self.cache.claim((namespace, rs_name), key)
-        clash = None
-        live = None
-        if holder is not None:
-            clash = (
-                f"RayService {namespace}/{rs_name} is rendered by ServeGraph {holder[0]}/{holder[1]}, "
-                "not this ServeGraph; set spec.rayService.name to another name"
-            )
-        else:
-            live = await self._get_live(namespace, rs_name, out)
-            if live is not None:
-                clash = conflict(live, namespace, rs_name, body["metadata"]["uid"])
-        if clash is not None:
-            out.applied = Condition("Applied", False, "Conflict", clash)
-            out.retry = True
-            return None, clash
-        return live, None
-
     async def _desired(
-        self, memory: Memory, good: GoodGraph, spec: ServeGraphSpec, body: Mapping[str, Any], live: Live | None
-    ) -> Desired:
+        self,
+        memory: Memory,
+        good: GoodGraph,
+        spec: ServeGraphSpec,
+        body: Mapping[str, Any],
+        live: Live | None,
+        out: Outcome,
+        restart: str | None = None,
+    ) -> Desired | None:
         """The rendered RayService, re-rendered only when the graph, the spec or the running
         cluster's worker groups changed (status updates and KubeRay's writes trigger many
         reconciles that change none of them). Rendered in a thread: a 10,000-node graph
@@ -247,83 +302,47 @@ class Reconciler:
         meta = body["metadata"]
         previous = live.cluster if live is not None else None
         groups = tuple(g.get("groupName") for g in (previous or {}).get("workerGroupSpecs") or ())
-        render_key = (good.digest, meta.get("uid"), meta.get("generation"), groups)
+        # The restart annotation is metadata: changing it moves no generation.
+        render_key = (good.digest, meta.get("uid"), meta.get("generation"), groups, restart)
         if memory.desired is None or memory.desired.render_key != render_key:
             options = replace(
                 spec.rayservice_options(meta["name"], meta["namespace"], owner_reference(body)),
                 previous_cluster=previous,
+                restarted_at=restart,
             )
-            manifest = await asyncio.to_thread(render_rayservice, good.graph, options)
+            try:
+                manifest = await asyncio.to_thread(render_rayservice, good.graph, options)
+            except GraphError as exc:
+                # The graph is valid, but not in the pods this spec asks for (a replica bigger
+                # than the overridden worker): the spec must change, so no retry; what runs stays.
+                out.applied = Condition("Applied", False, "PodsTooSmall", str(exc))
+                return None
             match_key = (manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
-            memory.desired = Desired(manifest, render_key, match_key)
+            memory.desired = Desired(manifest, render_key, match_key, await asyncio.to_thread(manifest_bytes, manifest))
         return memory.desired
 
-    def _needs_fetch(self, memory: Memory, source: Source, refresh: str | None, now: float) -> bool:
-        """New inputs fetch at once; a failure waits for its retry; otherwise only a poll fetches."""
-        state = memory.fetch
-        if state.force or state.source != source or state.refresh != refresh:
-            return True
-        if state.retry_at:
-            return now >= state.retry_at
-        return source.poll_interval_s is not None and now >= state.poll_due
-
-    async def _get_live(self, namespace: str, name: str, out: Outcome) -> Live | None:
-        cached = self.cache.rayservice((namespace, name))
-        if cached is None or isinstance(cached, Live):
-            return cached
-        try:  # not delivered by the watch yet (start-up): read it once
-            body = await self.api.get_rayservice(namespace, name)
-        except KubeError as exc:
-            out.applied = Condition("Applied", False, "ReadFailed", str(exc))
-            out.retry = True
-            return None
-        live = None if body is None else live_of(body, None)
-        self.cache.put_rayservice((namespace, name), live)
-        return live
-
-    async def _apply_if_needed(
-        self,
-        key: Key,
-        body: dict[str, Any],
-        desired: Desired,
-        live: Live | None,
-        out: Outcome,
-        decision: Decision | None,
-    ) -> Live | None:
-        meta = desired.manifest["metadata"]
-        name, where = meta["name"], (meta["namespace"], meta["name"])
-        if live is not None and live.matched is not None and live.matched == desired.match_key:
-            out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
-            return live
-        old = None if live is None else {"spec": {"rayClusterConfig": live.cluster, "serveConfigV2": live.serve_config}}
-        prediction = await asyncio.to_thread(predict, old, desired.manifest)  # reads both Serve configs
-        if decision is not None and decision.rollout is not None and "upgrade" not in decision.rollout:
-            decision.rollout["upgrade"] = prediction.kind
-            if decision.history:
-                decision.history[0].setdefault("upgrade", prediction.kind)
-        if prediction.new_cluster:
-            out.events.append(Event("Normal", "NewClusterUpgrade", f"RayService {name}: {prediction.summary()}"))
-        if not self._current(key, body):
-            return live
+    async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
+        """spec.suspend (operator/suspension.py): delete the RayService, keep the rest, download nothing."""
+        out = Outcome()
+        suspension.hold_polls(memory.fetch, spec.source, time.monotonic())
+        memory.desired = None  # rendered again from the kept graph on resume
+        rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
+        live = clash = None
+        deleted = False
         try:
-            # Forced only over a RayService known to be ours (drift repair); one believed absent
-            # is created without force, so one made meanwhile by someone else answers 409.
-            applied = await self.api.apply_rayservice(desired.manifest, force=live is not None)
-        except KubeError as exc:
-            reason = "Conflict" if exc.status == 409 else "ApplyFailed"
-            if exc.status == 409:
-                self.cache.forget_rayservice(where)  # read it next time, and see whose it is
-            out.applied = Condition("Applied", False, reason, str(exc))
-            out.retry = True
-            return live
-        self.metrics.writes.labels("rayservice").inc()
-        record = live_record(applied, desired.match_key)
-        self.cache.put_rayservice(where, record)
-        verb = "created" if live is None else "updated"
-        log.info("[%s/%s] %s RayService %s", key[0], key[1], verb, name)
-        out.events.append(Event("Normal", "Applied", f"{verb} RayService {name}"))
-        out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
-        return record
+            live, clash = await self.writer.owned_live(key, body, rs_name, out)
+            if clash is None and not out.retry and self._current(key, body):
+                deleted = await suspension.remove(self.api, self.cache, key, rs_name, body, live, out)
+                self.metrics.writes.labels("rayservice").inc(deleted)
+        except Exception as exc:
+            self._unexpected(key, "apply", exc, out)
+        still = frozenset(t for t, src in memory.computed_for.items() if src == spec.source)
+        now = self.rollouts.clock()
+        observed = suspension.report(out, body.get("status") or {}, rs_name, live, deleted, clash, still, now)
+        memory.computed_for.update({c.type: spec.source for c in (out.applied, out.progressing) if c is not None})
+        await self._write_status(key, body, memory, observed)
+        if out.retry:
+            raise RetryLater
 
     async def _write_status(self, key: Key, body: dict[str, Any], memory: Memory, observed: Observed) -> None:
         meta = body["metadata"]
@@ -350,6 +369,17 @@ class Reconciler:
             if self._current(key, body):
                 await self._event(body, event, now)
 
+    def _unexpected(self, key: Key, step: str, exc: Exception, out: Outcome | None) -> None:
+        """A step failed in a way nobody foresaw: log it whole for the administrator, count it,
+        and say in the step's condition which exception it was (its text could carry a secret)."""
+        log.error("[%s/%s] unexpected %s while %s", *key, type(exc).__name__, STEPS[step][1], exc_info=exc)
+        self.metrics.internal_error(step, exc)
+        if out is None:
+            return
+        cond = Condition(STEPS[step][0], False, "InternalError", _internal(exc, step))
+        out.fetched, out.applied = (cond, out.applied) if cond.type == "Fetched" else (out.fetched, cond)
+        out.retry = True
+
     async def _event(self, body: dict[str, Any], event: Event, now: str) -> None:
         try:
             await self.api.post_event(body, event.type, event.reason, event.message, now)
@@ -357,3 +387,7 @@ class Reconciler:
         except KubeError as exc:
             meta = body["metadata"]
             log.warning("[%s/%s] cannot post event %s: %s", meta["namespace"], meta["name"], event.reason, exc)
+
+
+def _internal(exc: Exception, step: str) -> str:
+    return f"unexpected {type(exc).__name__} while {STEPS[step][1]}; the operator's log has the details"

@@ -75,6 +75,8 @@ class Health:
     """A new-cluster upgrade in progress (status.mirror_upgrade)."""
     expected: tuple[str, ...] = ()
     """The applications of the applied version."""
+    blocker: str | None = None
+    """The first blocking problem KubeRay or Ray Serve names (blockers.blocking_problem), if any."""
 
 
 @dataclass
@@ -149,14 +151,14 @@ def decide(
                 True,
                 "RollingBack",
                 f"rolling back to version {rollout['version']!r} ({_short(wanted.digest)}) "
-                f"after {_short(rollout.get('from', ''))} failed",
+                f"after {_short(rollout.get('from', ''))} failed" + _waiting_on(health),
             )
         else:
             d.progressing = Condition(
                 "Progressing",
                 True,
                 "RollingOut",
-                f"rolling out version {rollout['version']!r} ({_short(wanted.digest)})",
+                f"rolling out version {rollout['version']!r} ({_short(wanted.digest)})" + _waiting_on(health),
             )
         return _trim(d, spec)
     _fail(d, spec, failure, kept, now)
@@ -239,8 +241,14 @@ def _failure(rollout: Mapping[str, Any], health: Health | None, now: float) -> t
                 parts.append(text)
             return APP_FAILED, "; ".join(parts)[:MAX_MESSAGE]
     if now > parse_rfc3339(rollout["deadline"]):
-        return "ProgressDeadlineExceeded", f"not Ready within the progress deadline ({rollout['deadline']})"
+        why = f"not Ready within the progress deadline ({rollout['deadline']})"
+        return "ProgressDeadlineExceeded", why + _waiting_on(health)
     return None
+
+
+def _waiting_on(health: Health | None) -> str:
+    """`; <the first blocking problem>` when KubeRay or Ray Serve names one."""
+    return f"; {health.blocker}" if health is not None and health.blocker else ""
 
 
 def _held(rollout: dict[str, Any], since: str, true: bool, now: float) -> bool:

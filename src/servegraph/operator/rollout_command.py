@@ -1,7 +1,7 @@
-"""`servegraph diff` (what an upgrade will make KubeRay do) and `servegraph rollback`.
+"""`servegraph diff` (what an upgrade will make KubeRay do), `servegraph rollback` and `servegraph restart`.
 
 `diff` of two graph files needs nothing but the core; comparing with a live ServeGraph
-(`sg/NAME`) and `rollback` talk to the cluster, with the `operator` extra. Only the
+(`sg/NAME`), `rollback` and `restart` talk to the cluster, with the `operator` extra. Only the
 standard library at import time, so the CLI lists both without it.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 import sys
 from dataclasses import replace
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from servegraph.extras import needs_extra
-from servegraph.names import GROUP, PLURAL, VERSION
+from servegraph.names import GROUP, PLURAL, RESTARTED_AT_ANNOTATION, VERSION
 
 LIVE_PREFIXES = ("sg/", "servegraph/", "servegraphs/")
 
@@ -42,25 +43,35 @@ def add_arguments(subparsers: Any) -> None:
     p.add_argument("--kubeconfig")
     p.set_defaults(func=rollback)
 
+    p = subparsers.add_parser(
+        "restart", help="roll a ServeGraph's Ray cluster without downtime (a new cluster, traffic moved when Ready)"
+    )
+    p.add_argument("name", help="the ServeGraph")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--kubeconfig")
+    p.set_defaults(func=restart)
+
 
 # ---- diff ------------------------------------------------------------------------------
 
 
 def diff(args: argparse.Namespace) -> int:
     from servegraph.graph import load_graph
-    from servegraph.render import RayServiceOptions, render_rayservice
+    from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config
     from servegraph.render.upgrade import predict
 
     new_graph = load_graph(args.new)
+    old_config = None  # a live RayService's Serve config is known only as its text
     if args.old.startswith(LIVE_PREFIXES):
         old, options = asyncio.run(_live(args))
     else:
         old_graph = load_graph(Path(args.old))
         options = RayServiceOptions(name=args.name or new_graph.name, image=args.image)
         old = render_rayservice(old_graph, options)
+        old_config = render_serve_config(old_graph)
     previous = (old or {}).get("spec", {}).get("rayClusterConfig")
     new = render_rayservice(new_graph, replace(options, previous_cluster=previous))
-    prediction = predict(old, new)
+    prediction = predict(old, new, old_config=old_config, new_config=render_serve_config(new_graph))
     if args.output == "json":
         print(json.dumps(_as_json(prediction), indent=2))
         return 0
@@ -95,6 +106,7 @@ async def _live(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
         from kubernetes_asyncio import client
 
         from servegraph.kube.client import connect
+        from servegraph.operator.serve_service import WIDENING
         from servegraph.operator.spec import owner_reference, parse_spec
     name = args.old.split("/", 1)[1]
     api = await connect(args.kubeconfig)
@@ -103,7 +115,8 @@ async def _live(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
         body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, name)
         if body is None:
             raise SystemExit(f"servegraph diff: ServeGraph {args.namespace}/{name} not found")
-        spec = parse_spec(body.get("spec") or {}, args.namespace)
+        # What would render, not what this cluster's operator allows: it enforces that itself.
+        spec = parse_spec(body.get("spec") or {}, args.namespace, serve_service_types=WIDENING)
         options = spec.rayservice_options(name, args.namespace, owner_reference(body))
         rs_name = (body.get("status") or {}).get("rayServiceName") or options.name
         live = await _get(custom, "ray.io", "v1", args.namespace, "rayservices", rs_name)
@@ -119,14 +132,17 @@ async def _get(custom: Any, group: str, version: str, namespace: str, plural: st
         resp = await custom.get_namespaced_custom_object(
             group, version, namespace, plural, name, _preload_content=False
         )
-        data: dict[str, Any] = json.loads(await resp.read())
-        return data
+        raw = await resp.read()
+        status, reason = resp.status, resp.reason
     except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise SystemExit(
-            f"servegraph: cannot read {plural} {namespace}/{name}: HTTP {exc.status} {exc.reason}"
-        ) from None
+        status, reason, raw = exc.status, exc.reason, b""
+    # Without preloading, the client raises for no HTTP status: a 404's body is a Status object.
+    if status == 404:
+        return None
+    if not 200 <= status <= 299:
+        raise SystemExit(f"servegraph: cannot read {plural} {namespace}/{name}: HTTP {status} {reason}")
+    data: dict[str, Any] = json.loads(raw)
+    return data
 
 
 # ---- rollback --------------------------------------------------------------------------
@@ -195,3 +211,54 @@ def choose_version(status: dict[str, Any], wanted: str | None) -> dict[str, Any]
     known = ", ".join(f"{h['version']} ({h['digest'][:12]}, {h['outcome']})" for h in history) or "nothing"
     what = f"no version or digest {wanted!r}" if wanted else "no earlier Ready version"
     raise LookupError(f"{what} in the history; it holds: {known}")
+
+
+# ---- restart ---------------------------------------------------------------------------
+
+
+def restart(args: argparse.Namespace) -> int:
+    return asyncio.run(_restart(args))
+
+
+async def _restart(args: argparse.Namespace) -> int:
+    with needs_extra("operator"):
+        from kubernetes_asyncio import client
+
+        from servegraph.kube.client import connect
+    api = await connect(args.kubeconfig)
+    try:
+        custom = client.CustomObjectsApi(api)
+        body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, args.name)
+        if body is None:
+            print(f"servegraph restart: ServeGraph {args.namespace}/{args.name} not found", file=sys.stderr)
+            return 2
+        refused = restart_refused(body.get("spec") or {})
+        if refused:
+            print(f"servegraph restart: ServeGraph {args.namespace}/{args.name}: {refused}", file=sys.stderr)
+            return 2
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # The uid test makes the patch fail rather than restart a ServeGraph created again meanwhile.
+        patch = {"metadata": {"uid": body["metadata"]["uid"], "annotations": {RESTARTED_AT_ANNOTATION: now}}}
+        await custom.patch_namespaced_custom_object(
+            GROUP, VERSION, args.namespace, PLURAL, args.name, patch, _content_type="application/merge-patch+json"
+        )
+    finally:
+        await api.close()
+    print(
+        f"ServeGraph {args.namespace}/{args.name} restarting ({RESTARTED_AT_ANNOTATION}={now}): KubeRay starts a new "
+        "Ray cluster and moves traffic to it when it is Ready (`servegraph status` shows the upgrade)"
+    )
+    return 0
+
+
+def restart_refused(spec: dict[str, Any]) -> str | None:
+    """Why a restart would do nothing, or None."""
+    ray_service = spec.get("rayService") or {}
+    if spec.get("suspend") or ray_service.get("suspend"):
+        return "it is suspended (spec.suspend): no Ray cluster runs; resuming starts a new one"
+    if ray_service.get("upgradeStrategy") == "None":
+        return (
+            "spec.rayService.upgradeStrategy is None: KubeRay never replaces a running Ray cluster; "
+            "remove it (or set NewCluster) to restart without downtime"
+        )
+    return None

@@ -8,16 +8,16 @@ means a new download) and the RayService options the renderer takes.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.names import API_VERSION, GRAPH_LABEL, KIND
-from servegraph.operator import secrets
+from servegraph.operator import secrets, serve_service
 from servegraph.operator.rollout import RolloutSpec
 from servegraph.operator.secrets import SecretKeyRef
 from servegraph.render import PodOverrides, RayServiceOptions
-from servegraph.render.rayservice import UpgradeStrategy
+from servegraph.render.rayservice import AutoscalerOptions, UpgradeStrategy
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -72,6 +72,9 @@ class ServeGraphSpec:
     source: Source
     ray_service: Mapping[str, Any]
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    suspend: bool = False
+    """`spec.suspend` (or the deprecated `spec.rayService.suspend`, which KubeRay's RayService
+    never had): the RayService is deleted, the ServeGraph and its graphs kept."""
 
     def rayservice_options(self, name: str, namespace: str, owner: Mapping[str, Any]) -> RayServiceOptions:
         rs = self.ray_service
@@ -82,10 +85,10 @@ class ServeGraphSpec:
             image=rs.get("image"),
             ray_version=rs.get("rayVersion"),
             head=_pod(rs.get("head") or {}),
-            workers=_pod(rs.get("workers") or {}),
+            workers=_workers(rs),
             upgrade_strategy=_strategy(rs),
+            autoscaler=_autoscaler(rs.get("autoscaler") or {}),
             serve_service=rs.get("serveService"),
-            suspend=rs.get("suspend"),
             owner_references=(owner,),
         )
 
@@ -104,6 +107,15 @@ def _strategy(rs: Mapping[str, Any]) -> UpgradeStrategy | None:
     )
 
 
+def _autoscaler(raw: Mapping[str, Any]) -> AutoscalerOptions:
+    idle = raw.get("idleTimeoutSeconds")
+    return AutoscalerOptions(
+        idle_timeout_seconds=None if idle is None else int(idle),
+        upscaling_mode=raw.get("upscalingMode") or None,
+        resources=raw.get("resources") or None,
+    )
+
+
 def _rollout(raw: Mapping[str, Any]) -> RolloutSpec:
     pin = raw.get("pin") or {}
     digest = pin.get("digest") or None
@@ -116,13 +128,28 @@ def _rollout(raw: Mapping[str, Any]) -> RolloutSpec:
     )
 
 
-def _pod(p: Mapping[str, Any]) -> PodOverrides:
+def pod_overrides(ray_service: Mapping[str, Any]) -> tuple[PodOverrides, PodOverrides]:
+    """The head and worker overrides of a `spec.rayService`: what the operator renders with,
+    and what `servegraph validate --pods` and `render --pods` plan with."""
+    return _pod(ray_service.get("head") or {}), _workers(ray_service)
+
+
+def _workers(rs: Mapping[str, Any]) -> PodOverrides:
+    """`workers`, for every worker group, with `workerGroups` (placement per group name) over it."""
+    groups = rs.get("workerGroups") or {}
+    return _pod(rs.get("workers") or {}, {name: _pod(p) for name, p in sorted(groups.items())})
+
+
+def _pod(p: Mapping[str, Any], groups: Mapping[str, PodOverrides] | None = None) -> PodOverrides:
     return PodOverrides(
         service_account_name=p.get("serviceAccountName"),
         node_selector=dict(p.get("nodeSelector") or {}),
         tolerations=tuple(p.get("tolerations") or ()),
         resources=p.get("resources"),
         env=tuple(p.get("env") or ()),
+        affinity=p.get("affinity") or None,
+        priority_class_name=p.get("priorityClassName") or None,
+        groups=dict(groups or {}),
     )
 
 
@@ -132,8 +159,11 @@ def _config_map_ref(raw: Mapping[str, Any] | None, namespace: str) -> ConfigMapK
     return ConfigMapKeyRef(namespace=namespace, name=str(raw["name"]), key=str(raw.get("key") or "ca.crt"))
 
 
-def parse_spec(spec: Mapping[str, Any], namespace: str) -> ServeGraphSpec:
-    """Read the spec of a ServeGraph in `namespace`, where every Secret and ConfigMap it names lives."""
+def parse_spec(spec: Mapping[str, Any], namespace: str, serve_service_types: Collection[str] = ()) -> ServeGraphSpec:
+    """Read the spec of a ServeGraph in `namespace`, where every Secret and ConfigMap it names lives.
+
+    `serve_service_types` are the Service types the administrator allows besides ClusterIP.
+    """
     src = spec.get("source") or {}
     if not src.get("url") or not src.get("tokenSecretRef", {}).get("name"):
         raise SpecError("spec.source: url and tokenSecretRef.name are required")
@@ -152,8 +182,16 @@ def parse_spec(spec: Mapping[str, Any], namespace: str) -> ServeGraphSpec:
         timeout_s=parse_duration(src.get("timeout") or "30s", "source.timeout"),
         max_bytes=int(src.get("maxBytes") or 16 * 1024 * 1024),
     )
+    ray_service = dict(spec.get("rayService") or {})
+    if ray_service.get("serveService") is not None:
+        problems = serve_service.check(ray_service["serveService"], serve_service_types)
+        if problems:
+            raise SpecError("; ".join(problems))
     return ServeGraphSpec(
-        source=source, ray_service=dict(spec.get("rayService") or {}), rollout=_rollout(spec.get("rollout") or {})
+        source=source,
+        ray_service=ray_service,
+        rollout=_rollout(spec.get("rollout") or {}),
+        suspend=bool(spec.get("suspend") or ray_service.get("suspend")),
     )
 
 

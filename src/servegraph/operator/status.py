@@ -14,12 +14,19 @@ be RUNNING, which is what a user of the graph means by ready.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.operator import conditions
+from servegraph.operator.blockers import (
+    NO_APPLICATION,
+    POD_HINT,
+    blocking_problem,
+    first_app_problem,
+    mirror_apps,
+)
 from servegraph.operator.conditions import Condition
 
 RUNNING = "RUNNING"
@@ -70,6 +77,8 @@ class Observed:
     """Mirrored application statuses of the live RayService; None when it does not exist."""
     upgrade: Mapping[str, Any] | None = None
     """KubeRay's new-cluster upgrade in progress (mirror_upgrade), or None."""
+    pending: Mapping[str, Any] | None = None
+    """The Ray cluster KubeRay is starting and its applications (blockers.mirror_pending), or None."""
     rollout: Mapping[str, Any] | None = None
     """status.rollout as rollout.decide left it (None: no rollout yet, leave it out)."""
     history: list[dict[str, Any]] | None = None
@@ -80,6 +89,9 @@ class Observed:
     the source they were computed for is the one the spec names now. The others (a new URL,
     pin or token whose download failed or has not run yet, an invalid spec) keep the
     generation they were computed for, so an old success never reads as the new spec's."""
+    suspended: Condition | None = None
+    """The Ready condition of a suspended ServeGraph (operator/suspension.py): no RayService
+    runs, so none is mirrored; None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -112,10 +124,18 @@ def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str
     good = observed.good
     if observed.conflict is not None:
         updates.append(Condition("Ready", False, "Conflict", observed.conflict))
+    elif observed.suspended is not None:
+        updates.append(observed.suspended)
     elif observed.rayservice is not None or good is None:
         graph = good.graph if good is not None else None
         updates.append(
-            ready_condition(graph, observed.applications is not None, observed.applications or {}, observed.upgrade)
+            ready_condition(
+                graph,
+                observed.applications is not None,
+                observed.applications or {},
+                observed.upgrade,
+                observed.pending,
+            )
         )
     new = dict(old)
     new["observedGeneration"] = generation
@@ -139,6 +159,10 @@ def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str
     if observed.conflict is not None:  # the RayService of that name is someone else's: mirror nothing of it
         new.pop("rayServiceName", None)
         new.pop("applications", None)
+        new.pop("pending", None)
+    elif observed.suspended is not None:  # no RayService runs: its name stays, nothing is mirrored
+        new["rayServiceName"] = observed.rayservice
+        new.pop("applications", None)
     elif observed.rayservice is not None:
         new["rayServiceName"] = observed.rayservice
         new["applications"] = dict(observed.applications or {})
@@ -146,6 +170,10 @@ def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str
         new["upgrade"] = dict(observed.upgrade)
     else:
         new.pop("upgrade", None)
+    if observed.pending and observed.conflict is None:
+        new["pending"] = dict(observed.pending)
+    else:
+        new.pop("pending", None)
     if observed.rollout is not None:
         new["rollout"] = dict(observed.rollout)
     if observed.history is not None:
@@ -213,28 +241,11 @@ def mirror_upgrade(rayservice: Mapping[str, Any] | None) -> dict[str, Any] | Non
 
 
 def mirror_applications(rayservice: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Per-application and per-deployment statuses of the active cluster."""
+    """Per-application and per-deployment statuses of the active cluster (messages bounded)."""
     if not rayservice:
         return {}
     active = (rayservice.get("status") or {}).get("activeServiceStatus") or {}
-    apps = active.get("applicationStatuses") or {}
-    out: dict[str, Any] = {}
-    for name in sorted(apps):
-        app = apps[name] or {}
-        deployments = app.get("serveDeploymentStatuses") or {}
-        entry: dict[str, Any] = {"status": app.get("status", "")}
-        if app.get("message"):
-            entry["message"] = app["message"]
-        entry["deployments"] = {
-            d: {
-                k: v
-                for k, v in (("status", deployments[d].get("status", "")), ("message", deployments[d].get("message")))
-                if v
-            }
-            for d in sorted(deployments)
-        }
-        out[name] = entry
-    return out
+    return mirror_apps(active.get("applicationStatuses"))
 
 
 def ready_condition(
@@ -242,35 +253,57 @@ def ready_condition(
     exists: bool,
     applications: Mapping[str, Any],
     upgrade: Mapping[str, Any] | None = None,
+    pending: Mapping[str, Any] | None = None,
 ) -> Condition:
+    """Ready only when every application of the graph is RUNNING; otherwise why not, the first
+    blocking problem Ray or KubeRay names leading the message."""
     if graph is None:
         return Condition("Ready", False, "NoValidGraph", "no valid graph has been applied yet")
     if not exists:
         return Condition("Ready", False, "RayServiceMissing", "the RayService does not exist yet")
+    expected = [a.name for a in graph.applications]
     if upgrade:
-        pending = ", ".join(f"{a}: {s}" for a, s in upgrade["applications"].items()) or "no application status yet"
+        statuses = ", ".join(f"{a}: {s}" for a, s in upgrade["applications"].items()) or "no application status yet"
+        why = blocking_problem({}, pending, expected)
         return Condition(
             "Ready",
             False,
             "UpgradeInProgress",
             f"KubeRay is starting Ray cluster {upgrade['pendingRayCluster'] or '(pending)'} for this version "
-            f"({pending}); {upgrade['activeRayCluster'] or 'the active cluster'} serves the previous one until then",
+            f"({statuses}); {upgrade['activeRayCluster'] or 'the active cluster'} serves the previous one until then"
+            + (f"; {why}" if why else ""),
         )
-    expected = [a.name for a in graph.applications]
     missing = [a for a in expected if a not in applications]
+    if len(missing) == len(expected) and pending:
+        # The first cluster is starting: KubeRay reports its applications only as pending.
+        starting = f"KubeRay is starting Ray cluster {pending.get('rayClusterName') or '(pending)'}"
+        apps = pending.get("applications") or {}
+        if apps:
+            summary = _not_running(expected, apps) or "every application RUNNING; KubeRay has not switched to it yet"
+            return Condition("Ready", False, "ApplicationsNotRunning", f"{starting}: {summary}")
+        return Condition("Ready", False, "WaitingForApplications", f"{starting}: {NO_APPLICATION}; {POD_HINT}")
     if len(missing) == len(expected):
         return Condition("Ready", False, "WaitingForApplications", "KubeRay reports no application status yet")
-    not_running = [
+    summary = _not_running(expected, applications)
+    if summary:
+        return Condition("Ready", False, "ApplicationsNotRunning", summary)
+    return Condition(
+        "Ready", True, "AllApplicationsRunning", f"{len(expected)} of {len(expected)} applications RUNNING"
+    )
+
+
+def _not_running(expected: Sequence[str], applications: Mapping[str, Any]) -> str:
+    """`<first problem>; a: DEPLOYING; b: not reported`, or "" when every application runs."""
+    parts = [
         f"{a}: {applications[a]['status']}"
         for a in expected
         if a in applications and applications[a]["status"] != RUNNING
     ]
-    not_running += [f"{a}: not reported" for a in missing]
-    if not_running:
-        return Condition("Ready", False, "ApplicationsNotRunning", "; ".join(not_running))
-    return Condition(
-        "Ready", True, "AllApplicationsRunning", f"{len(expected)} of {len(expected)} applications RUNNING"
-    )
+    parts += [f"{a}: not reported" for a in expected if a not in applications]
+    if not parts:
+        return ""
+    first = first_app_problem(applications, expected)
+    return "; ".join([first, *parts] if first else parts)
 
 
 def merge_patch(old: Any, new: Any) -> Any:

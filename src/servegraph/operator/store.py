@@ -11,6 +11,9 @@ all others. A graph that does not fit is not kept, and its history entry says so
 The store writes only a ConfigMap its ServeGraph controls (owner reference with its
 uid), or creates one where there is none: a ConfigMap of that name someone else made
 is not taken over (`KubeError` Conflict; the rollout goes on without kept graphs).
+Ownership is decided on the ConfigMap as read, and the write carries that read's
+resourceVersion: if anyone changes it in between (an owner reference edited by hand),
+the API server refuses the write (409) rather than the store overwriting it.
 Reading is safe whoever wrote it: each graph is checked against its sha256 key.
 """
 
@@ -58,16 +61,26 @@ def choose(order: Sequence[str], graphs: Mapping[str, bytes], budget: int = BUDG
     return kept
 
 
-def manifest(namespace: str, servegraph: str, owner: Mapping[str, Any], graphs: Mapping[str, bytes]) -> dict[str, Any]:
+def manifest(
+    namespace: str,
+    servegraph: str,
+    owner: Mapping[str, Any],
+    graphs: Mapping[str, bytes],
+    resource_version: str | None = None,
+) -> dict[str, Any]:
+    """The ConfigMap to apply; with `resource_version`, applied only over that version of it."""
+    metadata: dict[str, Any] = {
+        "name": store_name(servegraph),
+        "namespace": namespace,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        "ownerReferences": [dict(owner)],
+    }
+    if resource_version is not None:
+        metadata["resourceVersion"] = resource_version
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": store_name(servegraph),
-            "namespace": namespace,
-            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-            "ownerReferences": [dict(owner)],
-        },
+        "metadata": metadata,
         "binaryData": {d: base64.b64encode(graphs[d]).decode() for d in sorted(graphs)},
     }
 
@@ -117,8 +130,10 @@ async def keep(
     graphs = {**current, **new}
     kept = choose(order, graphs)
     if sorted(kept) != sorted(current) and may_write():
-        # Created without force: one made meanwhile by someone else answers 409.
+        # Forced only over the version read and checked above (its resourceVersion is the
+        # precondition); created without force: one made meanwhile by someone else answers 409.
+        version = None if cm is None else str((cm.get("metadata") or {}).get("resourceVersion") or "") or None
         await api.apply_configmap(
-            manifest(namespace, servegraph, owner, {d: graphs[d] for d in kept}), force=cm is not None
+            manifest(namespace, servegraph, owner, {d: graphs[d] for d in kept}, version), force=cm is not None
         )
     return kept

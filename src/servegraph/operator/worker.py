@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from servegraph.operator import parsing
 from servegraph.operator.cache import Key
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
@@ -16,6 +17,7 @@ async def run_worker(reconciler: Reconciler, queue: WorkQueue[Key]) -> None:
     """Take keys off the queue forever; failures back off per key."""
     while True:
         key = await queue.get()
+        parsing.TENANT.set(key[0])  # graph parses are shared round robin by namespace
         try:
             delay = await reconciler.reconcile(key)
         except RetryLater:

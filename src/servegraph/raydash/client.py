@@ -75,6 +75,8 @@ class DeploymentState:
     message: str
     status_trigger: str = ""
     replicas: int = 0
+    replica_ids: tuple[str, ...] = ()
+    """Ray Serve's id of each running replica: a restart gives a replica a new one."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ def parse_serve_details(doc: Mapping[str, Any]) -> ServeState:
                 message=str(dep.get("message") or ""),
                 status_trigger=str(dep.get("status_trigger") or ""),
                 replicas=len(dep.get("replicas") or []),
+                replica_ids=tuple(sorted(str(r.get("replica_id", "")) for r in dep.get("replicas") or ())),
             )
             for dep_name, dep in (app.get("deployments") or {}).items()
         )

@@ -75,7 +75,22 @@ def describe(graph: model.Graph) -> str:
             f"  {plan.name}: {shape} workers={plan.min_workers}..{plan.max_workers} (start {plan.initial_workers})"
             f"  hosts {', '.join(plan.nodes)}"
         )
+        placed = _placement(plan.node_selector, plan.placement)
+        if placed:
+            lines.append(f"    placed: {placed}")
     return "\n".join(lines) + "\n"
+
+
+def _placement(selector: tuple[tuple[str, str], ...], p: model.Placement) -> str:
+    parts = [f"node selector {', '.join(f'{k}={v}' for k, v in selector)}"] if selector else []
+    if p.tolerations:
+        what = [f"{t.key or '*'}{'=' + t.value if t.value else ''}:{t.effect or '*'}" for t in p.tolerations]
+        parts.append(f"tolerates {', '.join(what)}")
+    if p.required or p.preferred:
+        parts.append(f"node affinity ({len(p.required)} required terms, {len(p.preferred)} preferred)")
+    if p.priority_class_name:
+        parts.append(f"priority class {p.priority_class_name}")
+    return "; ".join(parts)
 
 
 def to_dot(graph: model.Graph) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shlex
 from collections.abc import Mapping
@@ -20,10 +21,19 @@ import orjson
 from servegraph import __version__
 from servegraph.dag import model
 from servegraph.gcpause import gc_paused
-from servegraph.graph.workers import GiB, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
-from servegraph.names import MANAGED_BY, MANAGED_BY_LABEL, RAY_API_VERSION, RAY_KIND, SPEC_HASH_ANNOTATION
+from servegraph.graph.errors import GraphError, Problem
+from servegraph.graph.workers import GiB, PodShape, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
+from servegraph.names import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    RAY_API_VERSION,
+    RAY_KIND,
+    RESTARTED_AT_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+)
+from servegraph.render.placement import pod_placement
 from servegraph.render.serve_config import SERVE_HTTP_PORT, serve_config_yaml
-from servegraph.render.upgrade import stable_worker_groups
+from servegraph.render.upgrade import parse_quantity, stable_worker_groups
 
 DEFAULT_RAY_VERSION = "2.60.0"
 INCREMENTAL = "NewClusterWithIncrementalUpgrade"
@@ -33,6 +43,8 @@ INCREMENTAL = "NewClusterWithIncrementalUpgrade"
 DEFAULT_IMAGE = f"ghcr.io/servegraph/servegraph-ray:{__version__}"
 MAX_NAME = 47  # KubeRay rejects longer RayService names (derived object names must fit 63).
 HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
+# KubeRay's own default (500m/512Mi requested) does not fit beside a small head on a small node.
+AUTOSCALER_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -46,6 +58,11 @@ class PodOverrides:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     resources: Mapping[str, Any] | None = None
     env: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    priority_class_name: str | None = None
+    groups: Mapping[str, PodOverrides] = field(default_factory=dict)
+    """Placement (node selector, tolerations, affinity, priority class) per worker group
+    name, over this one's (render.placement); a name the graph has no group for is unused."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,29 @@ class UpgradeStrategy:
 
 
 @dataclass(frozen=True)
+class AutoscalerOptions:
+    """KubeRay's autoscaler sidecar (`autoscalerOptions`), rendered whenever in-tree
+    autoscaling is on. Its image is always the head's: the sidecar runs `ray
+    kuberay-autoscaler`, so it must be the Ray (and version) the cluster runs."""
+
+    idle_timeout_seconds: int | None = None
+    """How long a worker pod stays idle before the autoscaler removes it (KubeRay: 60 s)."""
+    upscaling_mode: str | None = None
+    """Default, Aggressive or Conservative (how many pods one step may add)."""
+    resources: Mapping[str, Any] | None = None
+    """Over AUTOSCALER_RESOURCES per resource name, as for the pods."""
+
+    def render(self, image: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"image": image}
+        if self.idle_timeout_seconds is not None:
+            out["idleTimeoutSeconds"] = self.idle_timeout_seconds
+        if self.upscaling_mode is not None:
+            out["upscalingMode"] = self.upscaling_mode
+        out["resources"] = _merged_resources(AUTOSCALER_RESOURCES, self.resources)
+        return out
+
+
+@dataclass(frozen=True)
 class RayServiceOptions:
     name: str
     namespace: str | None = None
@@ -87,8 +127,12 @@ class RayServiceOptions:
     head: PodOverrides = PodOverrides()
     workers: PodOverrides = PodOverrides()
     upgrade_strategy: UpgradeStrategy | str | None = None
+    autoscaler: AutoscalerOptions = AutoscalerOptions()
+    """Used only where the in-tree autoscaler is on (a node autoscales, or an incremental upgrade)."""
     serve_service: Mapping[str, Any] | None = None
-    suspend: bool | None = None
+    restarted_at: str | None = None
+    """The ServeGraph's restart annotation, rendered into every pod template's annotations:
+    a new value changes KubeRay's cluster hash, so it builds a new cluster and moves traffic."""
     owner_references: tuple[Mapping[str, Any], ...] = ()
     previous_cluster: Mapping[str, Any] | None = None
     """The running RayService's rayClusterConfig: worker groups keep its order (see
@@ -114,7 +158,7 @@ def rayservice_name(name: str) -> str:
 def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[str, Any]:
     """The RayService manifest, with a spec-hash annotation over everything we own."""
     name = rayservice_name(options.name)
-    plans = plan_worker_groups(graph)
+    plans = plan_worker_groups(graph, worker_pod_shape(options.workers.resources))
     # Without an image given, GPU groups get the CUDA variant and the rest the plain one:
     # adding a GPU node then leaves the head and CPU groups (and the cluster) as they are.
     chosen = options.image or graph.cluster.image
@@ -123,17 +167,21 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
     if isinstance(strategy, str):
         strategy = UpgradeStrategy(strategy)
     cluster: dict[str, Any] = {"rayVersion": ray_version}
+    head_image = chosen or DEFAULT_IMAGE
     if uses_autoscaling(graph) or (strategy is not None and strategy.incremental):
         cluster["enableInTreeAutoscaling"] = True
+        cluster["autoscalerOptions"] = options.autoscaler.render(head_image)
     cluster["headGroupSpec"] = {
         # Keep Serve replicas off the head: it runs the controller, GCS and dashboard.
         "rayStartParams": {"num-cpus": "0"},
-        "template": _head_template(chosen or DEFAULT_IMAGE, options.head),
+        "template": _head_template(head_image, options.head),
     }
     cluster["workerGroupSpecs"] = [
         _worker_group(p, chosen or (DEFAULT_IMAGE + "-gpu" if p.gpus else DEFAULT_IMAGE), options.workers)
         for p in plans
     ]
+    if options.restarted_at:  # before the stable order: a restart starts clean, without parked groups
+        _annotate_pods(cluster, {RESTARTED_AT_ANNOTATION: options.restarted_at})
     if options.previous_cluster:
         cluster["workerGroupSpecs"] = stable_worker_groups(options.previous_cluster, cluster)
 
@@ -142,8 +190,6 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
         spec["upgradeStrategy"] = strategy.render()
     if options.serve_service is not None:
         spec["serveService"] = dict(options.serve_service)
-    if options.suspend is not None:
-        spec["suspend"] = options.suspend
     spec["serveConfigV2"] = serve_config_yaml(graph)
     spec["rayClusterConfig"] = cluster
 
@@ -156,6 +202,48 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
     if options.owner_references:
         metadata["ownerReferences"] = [dict(o) for o in options.owner_references]
     return {"apiVersion": RAY_API_VERSION, "kind": RAY_KIND, "metadata": metadata, "spec": spec}
+
+
+def worker_pod_shape(resources: Mapping[str, Any] | None) -> PodShape:
+    """What Ray will be told each worker pod has, where the overrides fix it.
+
+    Mirrors KubeRay's `ray start` flags: `--num-cpus` is the container's CPU limit, else its
+    request, rounded up to a whole CPU (so "500m" is 1 to Ray); `--memory` the memory limit;
+    `--num-gpus` the `nvidia.com/gpu` limit. A memory request without a limit leaves Ray to
+    find the node's memory, which cannot be known here: the request is planned with.
+    Raises GraphError when a value is not a Kubernetes quantity.
+    """
+    if not resources:
+        return PodShape()
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+
+    def amount(key: str) -> float | None:
+        """The limit, else the request; zero counts as unset, as KubeRay's `IsZero` checks do."""
+        for values in (limits, requests):
+            if values.get(key) is None:
+                continue
+            try:
+                number = parse_quantity(values[key])
+            except ValueError as exc:
+                raise GraphError([Problem("spec.rayService.workers.resources", str(exc))]) from None
+            if number:
+                return number
+        return None
+
+    cpus, memory, gpus = amount("cpu"), amount("memory"), amount("nvidia.com/gpu")
+    return PodShape(
+        cpus=None if cpus is None else float(math.ceil(cpus)),
+        gpus=None if gpus is None else math.ceil(gpus),
+        memory_bytes=None if memory is None else int(memory),
+    )
+
+
+def _annotate_pods(cluster: dict[str, Any], annotations: Mapping[str, str]) -> None:
+    """Add `annotations` to the head's and every worker group's pod template metadata."""
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        metadata = group["template"].setdefault("metadata", {})
+        metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
 
 
 def spec_hash(labels: Mapping[str, str], spec: Mapping[str, Any]) -> str:
@@ -203,15 +291,17 @@ def _merged_resources(planned: Mapping[str, Any], override: Mapping[str, Any] | 
     return out
 
 
-def _pod_spec(container: dict[str, Any], overrides: PodOverrides, node_selector: Mapping[str, str]) -> dict[str, Any]:
+def _pod_spec(
+    container: dict[str, Any],
+    overrides: PodOverrides,
+    node_selector: Mapping[str, str],
+    hint: model.Placement | None = None,
+    group: PodOverrides | None = None,
+) -> dict[str, Any]:
     pod: dict[str, Any] = {}
     if overrides.service_account_name:
         pod["serviceAccountName"] = overrides.service_account_name
-    selector = {**node_selector, **overrides.node_selector}
-    if selector:
-        pod["nodeSelector"] = dict(sorted(selector.items()))
-    if overrides.tolerations:
-        pod["tolerations"] = [dict(t) for t in overrides.tolerations]
+    pod.update(pod_placement(node_selector, hint, (overrides, group)))
     pod["containers"] = [container]
     return {"spec": pod}
 
@@ -244,5 +334,7 @@ def _worker_group(plan: WorkerGroupPlan, image: str, overrides: PodOverrides) ->
         "minReplicas": plan.min_workers,
         "maxReplicas": plan.max_workers,
         "rayStartParams": start,
-        "template": _pod_spec(container, overrides, dict(plan.node_selector)),
+        "template": _pod_spec(
+            container, overrides, dict(plan.node_selector), plan.placement, overrides.groups.get(plan.name)
+        ),
     }

@@ -4,9 +4,10 @@
 The wiring of each DAG travels in the application's `args` (Serve can only
 override options of deployments the application builds; it cannot bind them),
 written by `servegraph.dag.args` and read back by `servegraph.runtime:build`
-inside Ray. The per-node
-options go into `deployments`, where KubeRay users expect them and where a
-`user_config` change reaches replicas without a restart.
+inside Ray. Everything else goes into `deployments`, where KubeRay users expect
+it and where Serve applies a change to one deployment alone: a `user_config`
+change (the routers' graph version included) through `reconfigure`, without a
+restart. A change to the args rebuilds the whole application.
 """
 
 from __future__ import annotations
@@ -209,7 +210,11 @@ def _application(graph: model.Graph, app: model.Application) -> dict[str, Any]:
     if env:
         out["runtime_env"] = env
     out["args"] = args.encode(graph, app)
-    out["deployments"] = [deployment_options(node) for node in app.ordered_nodes()]
+    router_config = args.router_user_config(graph)
+    out["deployments"] = [
+        deployment_options(node, None if isinstance(node.kind, model.DeploymentKind) else router_config)
+        for node in app.ordered_nodes()
+    ]
     return out
 
 
@@ -226,8 +231,11 @@ def _runtime_env(env: model.RuntimeEnv) -> dict[str, Any]:
     return out
 
 
-def deployment_options(node: model.Node) -> dict[str, Any]:
-    """Ray Serve deployment options for one node; unset fields keep Serve's defaults."""
+def deployment_options(node: model.Node, router_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Ray Serve deployment options for one node; unset fields keep Serve's defaults.
+
+    `router_config` is a router's `user_config` (routers take none from the graph).
+    """
     out: dict[str, Any] = {"name": node.id}
     a = node.autoscaling
     if a is not None:
@@ -243,7 +251,9 @@ def deployment_options(node: model.Node) -> dict[str, Any]:
         value = getattr(node, key)
         if value is not None:
             out[key] = value
-    if node.user_config is not None:
+    if router_config is not None:
+        out["user_config"] = dict(router_config)
+    elif node.user_config is not None:
         out["user_config"] = dict(node.user_config)
     actor = _actor_options(node.resources)
     if actor:

@@ -17,12 +17,14 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from servegraph.dag.args import graph_identity
 from servegraph.runtime.calls import Child, NodeTimeout, invoke, timeout_of
 from servegraph.runtime.payload import Headers, normalize_headers, payload_from_body, switch_value
 from servegraph.runtime.telemetry import HTTP_CALLER, EdgeMetrics, GraphContext, Spans, forwarded
@@ -52,6 +54,20 @@ class Router:
         self.forward_names = telemetry.forward_headers
         self.metrics = EdgeMetrics(self.context) if telemetry.metrics else None
         self.spans = Spans(self.context.graph)
+
+    def reconfigure(self, config: Mapping[str, Any]) -> None:
+        """Serve calls this with the router's `user_config` when a replica starts and on
+        every change to it: the graph's name and version arrive here rather than in the
+        application's args, so a publish that changes only the version restarts nothing."""
+        name, version = graph_identity(config)
+        self.context = replace(
+            self.context,
+            graph=self.context.graph if name is None else name,
+            version=self.context.version if version is None else version,
+        )
+        if self.metrics is not None:
+            self.metrics.label(self.context)
+        self.spans.graph = self.context.graph
 
     async def __call__(self, request: Any) -> Any:
         # A user deployment may call a router through a plain handle too.

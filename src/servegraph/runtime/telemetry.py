@@ -62,7 +62,6 @@ class EdgeMetrics:
 
         metrics: Any = serve_metrics  # its stubs say tag_keys is a 1-tuple
 
-        defaults = {"graph": context.graph, "graph_version": context.version}
         self.requests = metrics.Counter(REQUESTS, "Calls servegraph routers made, by edge", EDGE_TAGS)
         self.errors = metrics.Counter(
             ERRORS, "Calls that failed after their retries, by edge and reason", (*EDGE_TAGS, "reason")
@@ -73,9 +72,14 @@ class EdgeMetrics:
         self.latency = metrics.Histogram(
             LATENCY, "Latency of a router's call to a node, retries included", LATENCY_BUCKETS_MS, EDGE_TAGS
         )
+        self.label(context)
+        self._tags: dict[tuple[str, ...], dict[str, str]] = {}
+
+    def label(self, context: GraphContext) -> None:
+        """Label every later record with this graph and version (a router's `reconfigure`)."""
+        defaults = {"graph": context.graph, "graph_version": context.version}
         for metric in (self.requests, self.errors, self.retries, self.latency):
             metric.set_default_tags(dict(defaults))
-        self._tags: dict[tuple[str, ...], dict[str, str]] = {}
 
     def _edge(self, caller: str, node: str, reason: str | None = None) -> dict[str, str]:
         key = (caller, node) if reason is None else (caller, node, reason)

@@ -138,7 +138,8 @@ class RegistryClient:
     """Downloads graphs under one `SourcePolicy`: the operator's and `servegraph fetch`'s only way out.
 
     The session's connector applies the policy to every connection, so no caller
-    can download around it.
+    can download around it. One client serves every tenant, so it keeps nothing from
+    one download to the next but pooled connections: no cookies.
     """
 
     def __init__(
@@ -152,7 +153,12 @@ class RegistryClient:
         self.observe = observe
         self.sleep = sleep
         # No session timeout: the request's deadline governs, over every hop and retry.
-        self.session = aiohttp.ClientSession(connector=self.policy.connector(), timeout=aiohttp.ClientTimeout())
+        # No cookie jar: the session serves every tenant, and a cookie one registry sets
+        # (for a parent domain, or for a host whose other ports answer too) would go
+        # with another tenant's token, or to another server on a redirect.
+        self.session = aiohttp.ClientSession(
+            connector=self.policy.connector(), timeout=aiohttp.ClientTimeout(), cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     async def close(self) -> None:
         await self.session.close()
@@ -220,9 +226,15 @@ class RegistryClient:
         assert last is not None  # the loop either returns or raises
         raise last
 
-    def _check(self, url: str | yarl.URL, allow_insecure_http: bool) -> yarl.URL:
+    def _check(self, url: str, allow_insecure_http: bool) -> yarl.URL:
         try:
             return self.policy.check_url(url, allow_insecure_http)
+        except SourceRefused as exc:
+            raise FetchError(exc.reason, str(exc), retryable=False, detail=exc.detail) from None
+
+    def _redirect(self, url: yarl.URL, location: str, allow_insecure_http: bool) -> yarl.URL:
+        try:
+            return self.policy.check_redirect(url, location, allow_insecure_http)
         except SourceRefused as exc:
             raise FetchError(exc.reason, str(exc), retryable=False, detail=exc.detail) from None
 
@@ -240,9 +252,7 @@ class RegistryClient:
                     state.responded = True
                     if resp.status in REDIRECTS and "Location" in resp.headers:
                         try:
-                            state.url = self._check(
-                                url.join(yarl.URL(resp.headers["Location"])), req.allow_insecure_http
-                            )
+                            state.url = self._redirect(url, resp.headers["Location"], req.allow_insecure_http)
                         except ValueError:
                             raise FetchError(
                                 "InvalidURL", f"{safe_url(str(url))} redirects to an invalid URL", retryable=False
@@ -328,8 +338,13 @@ async def _response(resp: aiohttp.ClientResponse, req: FetchRequest, url: str) -
         )
     length = resp.content_length
     if length is not None and length > req.max_bytes:
+        # Not the length itself: it would tell a tenant the size of what any endpoint answers.
         raise FetchError(
-            "TooLarge", f"{where} sends {length} bytes, over the limit of {req.max_bytes}", retryable=False, status=200
+            "TooLarge",
+            f"{where} sends a body over the limit of {req.max_bytes} bytes",
+            retryable=False,
+            status=200,
+            detail=f"{where} announced {length} bytes, over the limit of {req.max_bytes}",
         )
     chunks: list[bytes] = []
     size = 0

@@ -9,15 +9,17 @@ read from the status which ports answer. Two checks, one rule:
   uses) and returns that parsed URL, so nothing is re-parsed between the check and
   the request. The host must be plain ASCII (internationalized names in punycode):
   IDNA would otherwise turn fullwidth digits and dots into an IP literal after the
-  check. Numeric forms a resolver reads as an address (`0xA9FEA9FE`, `2852039166`)
-  are refused, and the host must match the administrator's allowlist.
+  check; a redirect's Location is held to the same rule (`check_redirect`). Numeric
+  forms a resolver reads as an address (`0xA9FEA9FE`, `2852039166`) are refused, and
+  the host must match the administrator's allowlist. Plain http needs both the
+  ServeGraph's and the administrator's word.
 - `address_refusal` is applied where each connection is made (`connector()`'s
   socket factory), for IP literals and resolved names alike, on every redirect hop
   and retry: loopback, unspecified, multicast, link-local and cloud metadata
-  addresses, the cluster's API server and Service range and what the administrator
-  denies are refused, also when written as IPv4 embedded in IPv6 (mapped,
-  compatible, NAT64, 6to4, Teredo, ISATAP). IP literals are checked early with the
-  same function, so their message is the same as at connect time.
+  addresses, the cluster's API server and Service range, the operator's own pod and
+  what the administrator denies are refused, also when written as IPv4 embedded in
+  IPv6 (addresses.py). IP literals are checked early with the same function, so their
+  message is the same as at connect time.
 
 Messages never say which internal address a name resolved to, nor why a connection
 failed: `FetchError.detail` carries that for the operator's log.
@@ -25,6 +27,7 @@ failed: `FetchError.detail` carries that for the operator's log.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import ipaddress
@@ -38,32 +41,16 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import yarl
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from servegraph.source.addresses import (
+    DEFAULT_DENIED,
+    LOCAL_NAT64,
+    NEVER,
+    RFC6052_LENGTHS,
+    IPAddress,
+    IPNetwork,
+    embedded_ipv4,
+)
 
-# Never contacted, whatever the administrator allows: link-local (where most clouds
-# serve instance metadata and credentials) and the metadata addresses outside it.
-NEVER = (
-    ("link-local", ipaddress.ip_network("169.254.0.0/16")),
-    ("link-local", ipaddress.ip_network("fe80::/10")),
-    ("cloud metadata (AWS)", ipaddress.ip_network("fd00:ec2::254/128")),
-    ("cloud metadata (Alibaba)", ipaddress.ip_network("100.100.100.200/32")),
-    ("cloud metadata (Azure WireServer)", ipaddress.ip_network("168.63.129.16/32")),
-    ("cloud metadata (Oracle)", ipaddress.ip_network("192.0.0.192/32")),
-)
-# Refused unless the administrator allows them (`--allowed-source-networks`), e.g. a
-# development registry on loopback.
-DEFAULT_DENIED = (
-    ("this host", ipaddress.ip_network("0.0.0.0/8")),
-    ("loopback", ipaddress.ip_network("127.0.0.0/8")),
-    ("multicast", ipaddress.ip_network("224.0.0.0/4")),
-    ("reserved or broadcast", ipaddress.ip_network("240.0.0.0/4")),
-    ("unspecified", ipaddress.ip_network("::/128")),
-    ("loopback", ipaddress.ip_network("::1/128")),
-    ("multicast", ipaddress.ip_network("ff00::/8")),
-)
-_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-_COMPATIBLE = ipaddress.ip_network("::/96")
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _NUMBER = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 REFUSED = "address refused by the graph source policy"
@@ -93,41 +80,28 @@ class ForbiddenAddress(OSError):
         self.reason = reason
 
 
-def embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
-    """The IPv4 addresses an IPv6 address carries (and routes to, through a translator or tunnel)."""
-    if isinstance(ip, ipaddress.IPv4Address):
-        return []
-    found = []
-    if ip.ipv4_mapped is not None:
-        found.append(ip.ipv4_mapped)
-    low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    if ip in _COMPATIBLE and int(ip) > 1:
-        found.append(low32)
-    if any(ip in net for net in _NAT64):
-        found.append(low32)
-    if ip.sixtofour is not None:
-        found.append(ip.sixtofour)
-    if ip.teredo is not None:
-        found.extend(ip.teredo)
-    if (int(ip) >> 32) & 0xFDFFFFFF == 0x00005EFE:  # ISATAP interface identifier
-        found.append(low32)
-    return found
-
-
 @dataclass(frozen=True)
 class SourcePolicy:
     """What the administrator allows; tenants cannot change any of it.
 
     `allowed_hosts`: globs a URL's host must match (`*` any; empty: none at all).
-    `allowed_networks`: exceptions to the default refusals (never to NEVER).
+    `allowed_networks`: exceptions to the default refusals (never to NEVER, the API server
+    or the operator's own pod).
     `denied_networks`: refused too (the cluster's Service range, found at start-up, goes here).
-    `denied_endpoints`: (address, port) pairs refused: the API server as the client reaches it.
+    `denied_endpoints`: (address, port) pairs refused: the API server as the client reaches it
+    and its real endpoints (the `kubernetes` Service's EndpointSlice).
+    `own_addresses`: the operator's pod, refused on every port (its health, metrics and
+    events endpoints answer from there).
+    `allow_insecure_http`: whether a ServeGraph's `allowInsecureHTTP` may take effect at all
+    (`--allow-insecure-http-sources`); off, plain http is refused whatever the tenant asks.
     """
 
     allowed_hosts: tuple[str, ...] = ("*",)
     allowed_networks: tuple[IPNetwork, ...] = ()
     denied_networks: tuple[IPNetwork, ...] = ()
     denied_endpoints: frozenset[tuple[IPAddress, int]] = field(default_factory=frozenset)
+    own_addresses: frozenset[IPAddress] = field(default_factory=frozenset)
+    allow_insecure_http: bool = False
 
     @classmethod
     def build(
@@ -136,6 +110,8 @@ class SourcePolicy:
         allowed_networks: Iterable[str] = (),
         denied_networks: Iterable[str] = (),
         denied_endpoints: Iterable[tuple[str, int]] = (),
+        *,
+        allow_insecure_http: bool = False,
     ) -> SourcePolicy:
         """From the command line's strings; raises ValueError naming a malformed network."""
         return cls(
@@ -143,24 +119,36 @@ class SourcePolicy:
             allowed_networks=tuple(_network(n) for n in allowed_networks if n.strip()),
             denied_networks=tuple(_network(n) for n in denied_networks if n.strip()),
             denied_endpoints=frozenset((ipaddress.ip_address(a), p) for a, p in denied_endpoints),
+            allow_insecure_http=allow_insecure_http,
         )
 
-    def with_denied(self, networks: Iterable[IPNetwork], endpoints: Iterable[tuple[IPAddress, int]]) -> SourcePolicy:
-        """This policy plus what was learnt about the cluster (its Service range, its API server)."""
-        return SourcePolicy(
-            self.allowed_hosts,
-            self.allowed_networks,
-            (*self.denied_networks, *networks),
-            self.denied_endpoints | frozenset(endpoints),
+    def with_denied(
+        self,
+        networks: Iterable[IPNetwork],
+        endpoints: Iterable[tuple[IPAddress, int]],
+        own: Iterable[IPAddress] = (),
+    ) -> SourcePolicy:
+        """This policy plus what was learnt about the cluster (its Service range, its API
+        server) and about the operator's own pod."""
+        return dataclasses.replace(
+            self,
+            denied_networks=(*self.denied_networks, *networks),
+            denied_endpoints=self.denied_endpoints | frozenset(endpoints),
+            own_addresses=self.own_addresses | frozenset(own),
         )
 
     def describe(self) -> str:
         """One log line: what is refused besides the built-in ranges."""
         nets = ", ".join(str(n) for n in self.denied_networks) or "none"
         ends = ", ".join(f"{a}:{p}" for a, p in sorted(self.denied_endpoints, key=str)) or "none"
+        own = ", ".join(sorted(str(a) for a in self.own_addresses)) or "none"
         allowed = ", ".join(str(n) for n in self.allowed_networks) or "none"
         hosts = ", ".join(self.allowed_hosts) or "none"
-        return f"source hosts {hosts}; also denied networks {nets}, endpoints {ends}; allowed exceptions {allowed}"
+        http = "allowed where a ServeGraph asks" if self.allow_insecure_http else "refused"
+        return (
+            f"source hosts {hosts}; also denied networks {nets}, endpoints {ends}, own pod {own}; "
+            f"allowed exceptions {allowed}; plain http {http}"
+        )
 
     # -- the address rule ------------------------------------------------------------
 
@@ -170,12 +158,25 @@ class SourcePolicy:
             ip = ipaddress.ip_address(address.split("%", 1)[0])
         except ValueError:
             return f"{address!r} is not an IP address"
-        for candidate in (ip, *embedded_ipv4(ip)):
+        for candidate in (ip, *embedded_ipv4(ip, self._nat64_lengths(ip))):
             reason = self._refusal(candidate, port)
             if reason is not None:
                 shown = f"{candidate} (in {ip})" if candidate != ip else str(ip)
                 return f"{shown} is {reason}"
         return None
+
+    def _nat64_lengths(self, ip: IPAddress) -> tuple[int, ...]:
+        """Where a local-use NAT64 address carries its IPv4: after the translator's prefix the
+        administrator allowed (its length says where, RFC 6052), else at every position."""
+        lengths = {
+            net.prefixlen
+            for net in self.allowed_networks
+            if isinstance(net, ipaddress.IPv6Network)
+            and ip in net
+            and net.subnet_of(LOCAL_NAT64)
+            and net.prefixlen in RFC6052_LENGTHS
+        }
+        return tuple(sorted(lengths)) or RFC6052_LENGTHS
 
     def _refusal(self, ip: IPAddress, port: int | None) -> str | None:
         for why, net in NEVER:
@@ -183,6 +184,8 @@ class SourcePolicy:
                 return f"{why} ({net})"
         if (ip, port) in self.denied_endpoints:
             return f"the cluster's API server ({ip}:{port})"
+        if ip in self.own_addresses:
+            return f"the operator's own pod ({ip})"
         if any(ip in net for net in self.allowed_networks):
             return None
         for why, net in DEFAULT_DENIED:
@@ -195,8 +198,13 @@ class SourcePolicy:
 
     # -- the URL -----------------------------------------------------------------------
 
-    def check_url(self, url: str | yarl.URL, allow_insecure_http: bool = False) -> yarl.URL:
-        """The URL as aiohttp will read it, or SourceRefused saying why not."""
+    def check_url(self, url: str | yarl.URL, allow_insecure_http: bool = False, *, written: str = "") -> yarl.URL:
+        """The URL as aiohttp will read it, or SourceRefused saying why not.
+
+        `allow_insecure_http` is the ServeGraph's wish; plain http also needs the
+        administrator's `allow_insecure_http`. `written`: the text a parsed `url` came
+        from (a Location header), so that its host is read as written, not as IDNA mapped it.
+        """
         try:
             parsed = url if isinstance(url, yarl.URL) else yarl.URL(url)
             port = parsed.port
@@ -204,10 +212,16 @@ class SourcePolicy:
             raise SourceRefused(
                 f"refusing {safe_url(str(url))}: not a valid URL (is the port a number?)", reason="InvalidURL"
             ) from None
-        where = safe_url(url if isinstance(url, str) else str(url))  # as written, not as IDNA mapped it
+        text = written or (url if isinstance(url, str) else str(url))
+        where = safe_url(text)  # as written, not as IDNA mapped it
         if parsed.scheme != "https" and not (parsed.scheme == "http" and allow_insecure_http):
             raise SourceRefused(
                 f"refusing {where}: only https:// (or http:// with allowInsecureHTTP)", reason="InsecureURL"
+            )
+        if parsed.scheme == "http" and not self.allow_insecure_http:
+            raise SourceRefused(
+                f"refusing {where}: this operator does not download over plain http "
+                "(its administrator has not allowed it, --allow-insecure-http-sources); use https://"
             )
         if parsed.raw_user is not None or parsed.raw_password is not None:
             raise SourceRefused(
@@ -215,7 +229,7 @@ class SourcePolicy:
             )
         if port is None or not 0 < port < 65536:
             raise SourceRefused(f"refusing {where}: the port must be a number from 1 to 65535", reason="InvalidURL")
-        host = _host(parsed, str(url))
+        host = _host(parsed, text)
         if host is None:
             raise SourceRefused(
                 f"refusing {where}: the host must be a DNS name of ASCII letters, digits and '-' "
@@ -233,6 +247,13 @@ class SourcePolicy:
             allowed = ", ".join(self.allowed_hosts) or "none"
             raise SourceRefused(f"refusing {where}: host {host} is not in the allowed source hosts ({allowed})")
         return parsed
+
+    def check_redirect(self, base: yarl.URL, location: str, allow_insecure_http: bool) -> yarl.URL:
+        """A Location header under the spec URL's rule, host as written included (a relative
+        one keeps the host already checked). ValueError if yarl cannot read it at all."""
+        target = yarl.URL(location)
+        joined = base.join(target)
+        return self.check_url(joined, allow_insecure_http, written=location if target.absolute else "")
 
     # -- the connection ------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ wherever kubectl does.
 Ray Serve is asked through the API server's service proxy to the RayService's head
 Service (`<rayservice>-head-svc`, port `dashboard`), the address KubeRay itself uses;
 without `services/proxy` permission, or when the dashboard wants a token, the tree
-shows the replicas the config asks for and says why.
+shows the replicas the config asks for and says why. The RayService's Ray clusters
+(active and pending) and their pods (by KubeRay's `ray.io/cluster` label) are read for
+why one is not running; without permission to read them the tree says so.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from servegraph.kube import connect
 from servegraph.names import GROUP, KIND, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
+from servegraph.statustree.pods import CLUSTER_LABEL
 from servegraph.statustree.tree import Snapshot
 
 SERVE_TIMEOUT_S = 5.0
@@ -65,7 +68,9 @@ async def gather(
             serve, note = await _serve_details(core, namespace, f"{rs_name}-head-svc")
         elif rayservice is None:
             note = "no RayService"
-        return Snapshot(servegraph, rayservice, (events or {}).get("items") or [], serve, note)
+        clusters, pods, ray_note = await _ray_clusters(custom, core, namespace, rayservice)
+        items = (events or {}).get("items") or []
+        return Snapshot(servegraph, rayservice, items, serve, note, clusters, pods, ray_note)
     finally:
         await api.close()
 
@@ -97,6 +102,43 @@ async def _read(call: Any, what: str) -> Any:
     if not 200 <= resp.status < 300:
         raise GatherError(f"{what}: HTTP {resp.status} {_message(body)}")
     return json.loads(body)
+
+
+async def _ray_clusters(
+    custom: Any, core: Any, namespace: str, rayservice: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The RayService's active and pending RayClusters and their pods, or why they could not be read."""
+    status = (rayservice or {}).get("status") or {}
+    names = sorted(
+        {
+            str(name)
+            for key in ("activeServiceStatus", "pendingServiceStatus")
+            if (name := (status.get(key) or {}).get("rayClusterName"))
+        }
+    )
+    clusters: list[dict[str, Any]] = []
+    try:
+        for name in names:
+            found = await _read(
+                custom.get_namespaced_custom_object(
+                    RAY_GROUP, RAY_VERSION, namespace, "rayclusters", name, _preload_content=False
+                ),
+                f"RayCluster {namespace}/{name}",
+            )
+            clusters += [found] if found is not None else []
+        if not names:
+            return clusters, [], None
+        resp = await core.list_namespaced_pod(
+            namespace, label_selector=f"{CLUSTER_LABEL} in ({','.join(names)})", _preload_content=False
+        )
+        body = await resp.read()
+    except ApiException as exc:
+        return clusters, [], f"the API server answered {exc.status} {exc.reason}"
+    except GatherError as exc:
+        return clusters, [], str(exc)
+    if not 200 <= resp.status < 300:
+        return clusters, [], f"the API server answered HTTP {resp.status}: {_message(body) or 'no message'}"
+    return clusters, list(json.loads(body).get("items") or []), None
 
 
 async def _serve_details(core: Any, namespace: str, service: str) -> tuple[dict[str, Any] | None, str | None]:

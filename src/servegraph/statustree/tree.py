@@ -28,6 +28,7 @@ from servegraph.dag.model import (
     SplitterKind,
     SwitchKind,
 )
+from servegraph.statustree import pods
 
 CONDITIONS = ("Fetched", "GraphValid", "Applied", "Ready", "Progressing")
 HISTORY_SHOWN = 5
@@ -44,6 +45,12 @@ class Snapshot:
     """Ray Serve's `GET /api/serve/applications/` of the active cluster, when it could be read."""
     serve_note: str | None = None
     """Why there are no live replica counts (not asked, unreachable, refused)."""
+    rayclusters: Sequence[Mapping[str, Any]] = ()
+    """The RayService's Ray clusters (active and pending), as KubeRay keeps them now."""
+    pods: Sequence[Mapping[str, Any]] = ()
+    """Their pods."""
+    ray_note: str | None = None
+    """Why the Ray clusters or their pods could not be read (the caller may not read them)."""
 
 
 def render(snap: Snapshot, now: datetime) -> str:
@@ -68,6 +75,9 @@ def render(snap: Snapshot, now: datetime) -> str:
     cluster = ((rs or {}).get("status") or {}).get("activeServiceStatus", {}).get("rayClusterName")
     rs_name = status.get("rayServiceName")
     lines.append(f"RayService:    {rs_name or '-'}" + (f"  (Ray cluster {cluster})" if cluster else ""))
+    clusters = {str((c.get("metadata") or {}).get("name")): c for c in snap.rayclusters}
+    if cluster and (problem := pods.cluster_facts(clusters.get(cluster))[1]):
+        lines.append(f"               ! {problem}")
     rollout = status.get("rollout")
     if rollout:
         lines.append(f"Rollout:       {rollout_line(rollout, now)}")
@@ -80,13 +90,32 @@ def render(snap: Snapshot, now: datetime) -> str:
             f"Upgrade:       Ray cluster {upgrade.get('pendingRayCluster') or '(pending)'} ({pending}); "
             f"{upgrade.get('activeRayCluster') or 'the active cluster'} serves the previous version"
         )
+    lines += pending_lines(status.get("pending"), clusters)
     lines += ["Conditions:", *_conditions(status, now)]
+    stuck = pods.lines(snap.pods)
+    if stuck:
+        lines += ["Ray pods not running:", *(f"  {line}" for line in stuck)]
+    elif snap.ray_note:
+        lines.append(f"Ray pods:      not read: {snap.ray_note}")
     history = status.get("history") or []
     if history:
         lines += ["History:", *_history(history, now)]
     lines.append("Graph as deployed:")
     lines += graph_tree(snap)
     return "\n".join(lines) + "\n"
+
+
+def pending_lines(pending: Mapping[str, Any] | None, clusters: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The Ray cluster KubeRay is starting (status.pending): how far it got, and its problem, as
+    KubeRay keeps the RayCluster now."""
+    if not pending:
+        return []
+    name = str(pending.get("rayClusterName", ""))
+    facts, problem = pods.cluster_facts(clusters.get(name))
+    out = [f"Starting:      Ray cluster {name}" + (f" ({', '.join(facts)})" if facts else "") + ", not serving yet"]
+    if problem:
+        out.append(f"               ! {problem}")
+    return out
 
 
 def age(timestamp: str | None, now: datetime) -> str:
@@ -188,14 +217,19 @@ def graph_tree(snap: Snapshot) -> list[str]:
     out: list[str] = []
     if snap.serve is None and snap.serve_note:
         out.append(f"  (replicas: what the config asks for; live counts unavailable: {snap.serve_note})")
-    status_apps = (snap.servegraph.get("status") or {}).get("applications") or {}
+    status = snap.servegraph.get("status") or {}
+    status_apps = status.get("applications") or {}
+    # serveConfigV2 is what a cluster KubeRay is starting deploys: its statuses, when reported, are this config's.
+    pending = status.get("pending") or {}
     serve_apps = (snap.serve or {}).get("applications") or {}
     for raw in (yaml.safe_load(config_text) or {}).get("applications") or []:
         name = str(raw.get("name", ""))
-        app_status = status_apps.get(name) or {}
-        out.append(f"{name}  {raw.get('route_prefix', '')}  {app_status.get('status', 'NOT REPORTED')}")
+        starting = name in (pending.get("applications") or {})
+        app_status = (pending["applications"] if starting else status_apps).get(name) or {}
+        where = f"  (on Ray cluster {pending.get('rayClusterName', '')}, starting)" if starting else ""
+        out.append(f"{name}  {raw.get('route_prefix', '')}  {app_status.get('status', 'NOT REPORTED')}{where}")
         if app_status.get("message"):
-            out.append(f"  ! {_first_line(app_status['message'])}")
+            out.append(f"  ! {_one_line(app_status['message'])}")
         try:
             decoded = decode(raw.get("args") or {})
         except BuildError as exc:
@@ -205,7 +239,8 @@ def graph_tree(snap: Snapshot) -> list[str]:
         app = _App(name, raw.get("route_prefix", ""), decoded.ingress, {n.id: n for n in decoded.nodes}, options)
         rows: list[tuple[str, ...]] = [("NODE", "KIND", "STATE", "REPLICAS", "")]
         notes: list[tuple[int, str]] = []
-        _walk(app, app.ingress, "", "", None, set(), rows, notes, app_status, serve_apps.get(name) or {})
+        live = {} if starting else serve_apps.get(name) or {}  # the active cluster's replicas are not these
+        _walk(app, app.ingress, "", "", None, set(), rows, notes, app_status, live)
         table = _table(rows, indent="  ")
         for i, line in enumerate(table):
             out.append(line)
@@ -238,7 +273,7 @@ def _walk(
     state = deployment.get("status", "")
     rows.append((title, _kind(node.kind), state, _replicas(app, node_id, serve_app), ""))
     if deployment.get("message") and state != "HEALTHY":
-        notes.append((len(rows) - 1, _first_line(deployment["message"])))
+        notes.append((len(rows) - 1, _one_line(deployment["message"])))
     children = _children(node)
     for i, (child, child_label, call) in enumerate(children):
         last = i == len(children) - 1
@@ -302,6 +337,8 @@ def _replicas(app: _App, node_id: str, serve_app: Mapping[str, Any]) -> str:
     return f"want {options.get('num_replicas', 1)}"
 
 
-def _first_line(text: Any) -> str:
-    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
-    return line if len(line) <= 160 else line[:157] + "..."
+def _one_line(text: Any, limit: int = 240) -> str:
+    """A message on one line, its head and tail when long: Ray's headline says what failed, its
+    end why (the exception; the resources a replica wants and those available)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit * 2 // 3] + " … " + line[-(limit // 3 - 3) :]

@@ -41,7 +41,7 @@ class ClusterHints(_message.Message):
     def __init__(self, ray_version: _Optional[str] = ..., image: _Optional[str] = ..., worker_groups: _Optional[_Iterable[_Union[WorkerGroupHint, _Mapping]]] = ...) -> None: ...
 
 class WorkerGroupHint(_message.Message):
-    __slots__ = ("name", "gpu", "accelerator_type", "cpus_per_worker", "gpus_per_worker", "memory_bytes_per_worker", "max_workers", "node_selector")
+    __slots__ = ("name", "gpu", "accelerator_type", "cpus_per_worker", "gpus_per_worker", "memory_bytes_per_worker", "max_workers", "node_selector", "tolerations", "node_affinity", "priority_class_name")
     class NodeSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,9 @@ class WorkerGroupHint(_message.Message):
     MEMORY_BYTES_PER_WORKER_FIELD_NUMBER: _ClassVar[int]
     MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
     NODE_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    TOLERATIONS_FIELD_NUMBER: _ClassVar[int]
+    NODE_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: bool
     accelerator_type: str
@@ -65,7 +68,56 @@ class WorkerGroupHint(_message.Message):
     memory_bytes_per_worker: int
     max_workers: int
     node_selector: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[bool] = ..., accelerator_type: _Optional[str] = ..., cpus_per_worker: _Optional[float] = ..., gpus_per_worker: _Optional[int] = ..., memory_bytes_per_worker: _Optional[int] = ..., max_workers: _Optional[int] = ..., node_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    tolerations: _containers.RepeatedCompositeFieldContainer[Toleration]
+    node_affinity: NodeAffinity
+    priority_class_name: str
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[bool] = ..., accelerator_type: _Optional[str] = ..., cpus_per_worker: _Optional[float] = ..., gpus_per_worker: _Optional[int] = ..., memory_bytes_per_worker: _Optional[int] = ..., max_workers: _Optional[int] = ..., node_selector: _Optional[_Mapping[str, str]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., node_affinity: _Optional[_Union[NodeAffinity, _Mapping]] = ..., priority_class_name: _Optional[str] = ...) -> None: ...
+
+class Toleration(_message.Message):
+    __slots__ = ("key", "operator", "value", "effect", "toleration_seconds")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    TOLERATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    operator: str
+    value: str
+    effect: str
+    toleration_seconds: int
+    def __init__(self, key: _Optional[str] = ..., operator: _Optional[str] = ..., value: _Optional[str] = ..., effect: _Optional[str] = ..., toleration_seconds: _Optional[int] = ...) -> None: ...
+
+class NodeAffinity(_message.Message):
+    __slots__ = ("required", "preferred")
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_FIELD_NUMBER: _ClassVar[int]
+    required: _containers.RepeatedCompositeFieldContainer[NodeSelectorTerm]
+    preferred: _containers.RepeatedCompositeFieldContainer[WeightedNodeSelectorTerm]
+    def __init__(self, required: _Optional[_Iterable[_Union[NodeSelectorTerm, _Mapping]]] = ..., preferred: _Optional[_Iterable[_Union[WeightedNodeSelectorTerm, _Mapping]]] = ...) -> None: ...
+
+class NodeSelectorTerm(_message.Message):
+    __slots__ = ("match_expressions",)
+    MATCH_EXPRESSIONS_FIELD_NUMBER: _ClassVar[int]
+    match_expressions: _containers.RepeatedCompositeFieldContainer[NodeSelectorRequirement]
+    def __init__(self, match_expressions: _Optional[_Iterable[_Union[NodeSelectorRequirement, _Mapping]]] = ...) -> None: ...
+
+class NodeSelectorRequirement(_message.Message):
+    __slots__ = ("key", "operator", "values")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    operator: str
+    values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., operator: _Optional[str] = ..., values: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WeightedNodeSelectorTerm(_message.Message):
+    __slots__ = ("weight", "term")
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    weight: int
+    term: NodeSelectorTerm
+    def __init__(self, weight: _Optional[int] = ..., term: _Optional[_Union[NodeSelectorTerm, _Mapping]] = ...) -> None: ...
 
 class Application(_message.Message):
     __slots__ = ("name", "route_prefix", "ingress", "runtime_env", "nodes", "telemetry")

@@ -1,0 +1,217 @@
+"""The operator bench's figures against a checked-in baseline: a regression fails the bench.
+
+A run's JSON (`operator_bench.py --json-out`) holds figures per mode and count, named
+`<mode>-<count>` (`shared-1000`, `distinct-1000`, ...). `record` writes them into the
+baseline; `check` compares a run with it and exits 1, one line per regressed figure
+naming it, the baseline and the new value, when a figure is worse by more than the
+tolerance (20 %) *and* by more than its noise floor (`Figure.slack`: a 30 ms p50 moving
+by 7 ms on two shared cores is noise, not a regression). A run key missing from the
+baseline fails too: a bench that compares nothing must not pass silently; so does a run
+whose `config` (seed, namespaces, workers, changes, storm size) differs from the baseline's.
+
+    python bench/regression.py record build/bench/operator-*.json   # after a full `make bench`
+    python bench/regression.py check build/bench/operator-distinct-1000.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "bench" / "baseline.json"
+TOLERANCE = 0.20
+
+
+@dataclass(frozen=True)
+class Figure:
+    better: str  # "lower" or "higher"
+    slack: float  # differences up to this are noise whatever the percentage
+
+
+# Per count: the round's own figures. Per run: figures measured once, with every count present.
+PER_COUNT = {
+    "operator_s": Figure("lower", 0.5),
+    "operator_cpu_s": Figure("lower", 0.5),
+    "operator_vs_floor": Figure("higher", 0.02),
+}
+PER_RUN = {
+    "latency_p50_s": Figure("lower", 0.02),
+    "latency_p99_s": Figure("lower", 0.02),
+    "rss_loaded_mib": Figure("lower", 5.0),
+    "steady_writes_per_min": Figure("lower", 0.0),
+}
+STORM = {
+    "p50_s": Figure("lower", 0.2),
+    "p99_s": Figure("lower", 0.2),
+    "all_applied_s": Figure("lower", 0.2),
+    "vs_floor": Figure("higher", 0.02),
+}
+
+
+def figure_kind(name: str) -> Figure:
+    if name in PER_COUNT:
+        return PER_COUNT[name]
+    if name in PER_RUN:
+        return PER_RUN[name]
+    if name.startswith("storm_"):
+        return STORM[name.split("_", 2)[2]]
+    raise KeyError(f"unknown figure {name!r}")
+
+
+def figures(results: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """The comparable figures of one bench run, by run key (`<mode>-<count>`)."""
+    mode = results["mode"]
+    counts = {int(c): r for c, r in results["counts"].items()}
+    out: dict[str, dict[str, float]] = {}
+    for count, r in counts.items():
+        out[f"{mode}-{count}"] = {name: float(r[name]) for name in PER_COUNT if r.get(name) is not None}
+    last = out[f"{mode}-{max(counts)}"]
+    last.update({name: float(results[name]) for name in PER_RUN if results.get(name) is not None})
+    for storm in results.get("storms") or ():
+        for name in STORM:
+            if storm.get(name) is not None:
+                last[f"storm_{storm['via']}_{name}"] = float(storm[name])
+    return out
+
+
+@dataclass(frozen=True)
+class Finding:
+    run: str
+    figure: str
+    baseline: float | None
+    new: float | None
+    regressed: bool
+
+    def line(self, tolerance: float) -> str:
+        if self.baseline is None:
+            return f"NEW        {self.run} {self.figure}: {self.new:.4g} (no baseline)"
+        if self.new is None:
+            return f"NOT RUN    {self.run} {self.figure}: baseline {self.baseline:.4g}, not measured this run"
+        change = f"{(self.new - self.baseline) / self.baseline:+.0%}" if self.baseline else "from 0"
+        if self.regressed:
+            worse = "lower" if figure_kind(self.figure).better == "higher" else "higher"
+            return (
+                f"REGRESSION {self.run} {self.figure}: baseline {self.baseline:.4g}, now {self.new:.4g} "
+                f"({change}; more than {tolerance:.0%} {worse} fails)"
+            )
+        return f"ok         {self.run} {self.figure}: baseline {self.baseline:.4g}, now {self.new:.4g} ({change})"
+
+
+def regressed(name: str, baseline: float, new: float, tolerance: float = TOLERANCE) -> bool:
+    kind = figure_kind(name)
+    worse_by = new - baseline if kind.better == "lower" else baseline - new
+    return worse_by > kind.slack and worse_by > tolerance * abs(baseline)
+
+
+def compare(
+    baseline: Mapping[str, Mapping[str, float]],
+    current: Mapping[str, Mapping[str, float]],
+    tolerance: float = TOLERANCE,
+) -> list[Finding]:
+    """Every figure of every run in `current` against `baseline` (runs missing there: see `missing`)."""
+    found = []
+    for run, figs in sorted(current.items()):
+        base = baseline.get(run)
+        if base is None:
+            continue
+        for name in sorted(set(figs) | set(base)):
+            b, n = base.get(name), figs.get(name)
+            bad = b is not None and n is not None and regressed(name, b, n, tolerance)
+            found.append(Finding(run, name, b, n, bad))
+    return found
+
+
+def missing(baseline: Mapping[str, Any], current: Iterable[str]) -> list[str]:
+    return sorted(run for run in current if run not in baseline)
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {"tolerance": TOLERANCE, "runs": {}}
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def problems(results: Mapping[str, Any]) -> list[str]:
+    """What makes a run's figures meaningless: a floor short of the operator's writes, a storm unfinished."""
+    mode = results["mode"]
+    last = max(int(c) for c in results["counts"])
+    storms = [(f"{mode}-{last} storm via {s['via']}", s) for s in results.get("storms") or ()]
+    checked = [(f"{mode}-{count}", c) for count, c in results["counts"].items()] + storms
+    found = [
+        f"{run}: the operator made {', '.join(c['floor_missing_writes'])} and the floor did not"
+        for run, c in checked
+        if c.get("floor_missing_writes")
+    ]
+    found += [
+        f"{run}: {s['applied']} of {s['graphs']} applied in time" for run, s in storms if s["applied"] < s["graphs"]
+    ]
+    return found
+
+
+def check(results: Iterable[Mapping[str, Any]], path: Path = BASELINE, out: Any = None) -> bool:
+    """Print one line per figure; False when any regressed or a run has no baseline."""
+    out = out or sys.stdout
+    base = load_baseline(path)
+    tolerance = float(base.get("tolerance", TOLERANCE))
+    runs = {k: v["figures"] for k, v in base.get("runs", {}).items()}
+    current: dict[str, dict[str, float]] = {}
+    invalid = []
+    for r in results:
+        current.update(figures(r))
+        invalid += problems(r)
+        for run in figures(r):
+            was = base.get("runs", {}).get(run, {}).get("config")
+            if was is not None and was != r.get("config"):
+                invalid.append(f"{run}: run with {r.get('config')}, the baseline with {was}: not comparable")
+    ok = True
+    for finding in compare(runs, current, tolerance):
+        print(finding.line(tolerance), file=out)
+        ok = ok and not finding.regressed
+    for run in missing(runs, current):
+        print(f"NO BASELINE for {run} in {path}: record one with `make bench-baseline` (BENCHMARKS.md)", file=out)
+        ok = False
+    for line in invalid:
+        print(f"INVALID    {line}", file=out)
+        ok = False
+    print(f"bench vs {path}: {'PASSED' if ok else 'FAILED'}", file=out)
+    return ok
+
+
+def record(results: Iterable[Mapping[str, Any]], path: Path = BASELINE) -> dict[str, Any]:
+    """The baseline with these runs' figures put in (other runs kept)."""
+    base = load_baseline(path)
+    base.setdefault("tolerance", TOLERANCE)
+    runs = base.setdefault("runs", {})
+    day = datetime.date.today().isoformat()
+    for r in results:
+        about = {"date": day, "machine": r.get("machine"), "python": r.get("python")}
+        for run, figs in figures(r).items():
+            runs[run] = {"figures": figs, "config": r.get("config"), "recorded": about}
+    base["runs"] = dict(sorted(runs.items()))
+    return base
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("record", "check"))
+    parser.add_argument("results", nargs="+", type=Path, help="JSON written by operator_bench.py --json-out")
+    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    args = parser.parse_args()
+    results = [json.loads(p.read_text()) for p in args.results]
+    if args.action == "record":
+        args.baseline.write_text(json.dumps(record(results, args.baseline), indent=2) + "\n")
+        print(f"recorded {', '.join(sorted(k for r in results for k in figures(r)))} in {args.baseline}")
+        return 0
+    return 0 if check(results, args.baseline) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Writing a RayService only while it is this ServeGraph's, decided on the object written.
+
+The watch cannot be trusted with ownership: a RayService whose label was removed by
+hand is no longer delivered, so the record kept of it says "ours" for ever. So before
+writing over an existing RayService it is read, its controller checked
+(`drift.conflict`), and the forced apply carries that read's resourceVersion: the API
+server refuses the write (409) if anyone changed the object in between, so the check
+and the write are one atomic step. One believed absent is created without force: one
+made meanwhile by someone else answers 409. Deleting (spec.suspend) is decided the same
+way: on the object as read, the delete carrying its uid and resourceVersion as preconditions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from servegraph.operator.drift import Live, conflict, live_record
+
+
+class RayServiceApi(Protocol):
+    async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
+
+    async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None: ...
+
+
+class NotOurs(Exception):
+    """The RayService, read just before writing it, is not this ServeGraph's."""
+
+    def __init__(self, live: Live, reason: str) -> None:
+        super().__init__(reason)
+        self.live = live
+        self.reason = reason
+
+
+async def apply_owned(api: RayServiceApi, manifest: Mapping[str, Any], owner_uid: str, exists: bool) -> dict[str, Any]:
+    """Apply `manifest` for the ServeGraph `owner_uid`; the object as the API server returns it.
+
+    Raises NotOurs for a RayService another controller (or nobody) controls, and KubeError
+    409 when it changed between the read and the write (read it again and decide again).
+    """
+    meta = manifest["metadata"]
+    if exists:
+        current = await api.get_rayservice(meta["namespace"], meta["name"])
+        if current is not None:
+            record = live_record(current, None)
+            reason = conflict(record, meta["namespace"], meta["name"], owner_uid)
+            if reason is not None:
+                raise NotOurs(record, reason)
+            version = (current.get("metadata") or {}).get("resourceVersion")
+            manifest = {**manifest, "metadata": {**meta, "resourceVersion": version}}
+        exists = current is not None
+    return await api.apply_rayservice(manifest, force=exists)
+
+
+async def delete_owned(api: RayServiceApi, namespace: str, name: str, owner_uid: str) -> bool:
+    """Delete the RayService if it is the ServeGraph `owner_uid`'s; False when there was nothing
+    to delete (absent, or being deleted already).
+
+    Raises NotOurs for a RayService someone else controls, and KubeError 409 when it changed
+    between the read and the delete.
+    """
+    current = await api.get_rayservice(namespace, name)
+    if current is None:
+        return False
+    record = live_record(current, None)
+    reason = conflict(record, namespace, name, owner_uid)
+    if reason is not None:
+        raise NotOurs(record, reason)
+    if record.deleting:
+        return False
+    meta = current.get("metadata") or {}
+    await api.delete_rayservice(namespace, name, str(meta.get("uid")), str(meta.get("resourceVersion")))
+    return True

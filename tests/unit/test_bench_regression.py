@@ -1,0 +1,134 @@
+"""The operator bench's regression check (bench/regression.py): a figure worse by more than 20 %
+against the baseline fails the bench, naming the figure, the baseline and the new value."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from bench_modules import load
+
+regression = load("regression")
+
+
+def results(mode: str = "distinct", **overrides: Any) -> dict[str, Any]:
+    """A bench run's JSON as operator_bench.py writes it (counts are strings after the round trip)."""
+    counts = {
+        "100": {"operator_s": 2.0, "operator_cpu_s": 1.0, "operator_vs_floor": 0.9, "floor_missing_writes": []},
+        "1000": {"operator_s": 12.0, "operator_cpu_s": 6.0, "operator_vs_floor": 0.8, "floor_missing_writes": []},
+    }
+    storm = {"via": "events", "graphs": 100, "applied": 100, "p50_s": 1.0, "p99_s": 3.0, "all_applied_s": 4.0,
+             "vs_floor": 0.5, "floor_missing_writes": []}  # fmt: skip
+    out = {
+        "mode": mode,
+        "config": {"seed": 1, "namespaces": 10, "workers": 8, "changes": 200, "storm_fraction": 0.1},
+        "counts": counts,
+        "latency_p50_s": 0.03,
+        "latency_p99_s": 0.06,
+        "rss_loaded_mib": 140.0,
+        "steady_writes_per_min": 0.0,
+        "storms": [storm] if mode == "distinct" else [],
+    }
+    out.update(overrides)
+    round_trip: dict[str, Any] = json.loads(json.dumps(out))
+    return round_trip
+
+
+def run_check(current: dict[str, Any], baseline: dict[str, Any], tmp_path: Path) -> tuple[bool, str]:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(regression.record([baseline], path)))
+    out = io.StringIO()
+    ok = regression.check([current], path, out)
+    return ok, out.getvalue()
+
+
+def test_figures_by_run_key() -> None:
+    figs = regression.figures(results())
+    assert set(figs) == {"distinct-100", "distinct-1000"}
+    assert figs["distinct-100"] == {"operator_s": 2.0, "operator_cpu_s": 1.0, "operator_vs_floor": 0.9}
+    # measured once, with every count present: the largest count's
+    assert figs["distinct-1000"]["latency_p99_s"] == 0.06
+    assert figs["distinct-1000"]["storm_events_p99_s"] == 3.0
+    assert "latency_p99_s" not in figs["distinct-100"]
+
+
+def test_the_same_figures_pass(tmp_path: Path) -> None:
+    ok, out = run_check(results(), results(), tmp_path)
+    assert ok, out
+    assert "REGRESSION" not in out and out.rstrip().endswith("PASSED")
+
+
+def test_more_than_20_percent_worse_fails_naming_figure_baseline_and_value(tmp_path: Path) -> None:
+    slower = results()
+    slower["counts"]["1000"]["operator_s"] = 15.0  # +25 %
+    ok, out = run_check(slower, results(), tmp_path)
+    assert not ok
+    assert "REGRESSION distinct-1000 operator_s: baseline 12, now 15 (+25%" in out
+    assert out.rstrip().endswith("FAILED")
+
+
+def test_up_to_20_percent_worse_passes(tmp_path: Path) -> None:
+    slower = results()
+    slower["counts"]["1000"]["operator_s"] = 14.3  # +19 %
+    ok, out = run_check(slower, results(), tmp_path)
+    assert ok, out
+
+
+def test_higher_is_better_figures_fail_when_lower(tmp_path: Path) -> None:
+    worse = results()
+    worse["counts"]["1000"]["operator_vs_floor"] = 0.6  # -25 %
+    worse["storms"][0]["vs_floor"] = 0.9  # better: fine
+    ok, out = run_check(worse, results(), tmp_path)
+    assert not ok
+    assert "REGRESSION distinct-1000 operator_vs_floor: baseline 0.8, now 0.6" in out
+    assert "REGRESSION distinct-1000 storm_events_vs_floor" not in out
+
+
+def test_noise_floor_of_small_figures() -> None:
+    # 30 ms → 40 ms is +33 % but 10 ms: noise on two shared cores (slack 20 ms)
+    assert not regression.regressed("latency_p50_s", 0.03, 0.04)
+    assert regression.regressed("latency_p50_s", 0.03, 0.06)
+    # no slack for writes in steady state: any write where there were none fails
+    assert regression.regressed("steady_writes_per_min", 0.0, 1.0)
+    assert regression.regressed("storm_events_p99_s", 3.0, 3.7)
+    assert not regression.regressed("storm_annotation_p99_s", 3.0, 3.5)
+
+
+def test_a_run_without_baseline_fails(tmp_path: Path) -> None:
+    ok, out = run_check(results(), results(mode="shared"), tmp_path)
+    assert not ok
+    assert "NO BASELINE for distinct-1000" in out and "NO BASELINE for distinct-100 " in out
+
+
+def test_a_floor_missing_the_operators_writes_fails(tmp_path: Path) -> None:
+    bad = results()
+    bad["counts"]["1000"]["floor_missing_writes"] = ["patch configmaps"]
+    ok, out = run_check(bad, results(), tmp_path)
+    assert not ok
+    assert "INVALID    distinct-1000: the operator made patch configmaps and the floor did not" in out
+
+
+def test_an_unfinished_storm_fails(tmp_path: Path) -> None:
+    bad = results()
+    bad["storms"][0].update({"applied": 97, "all_applied_s": None})
+    ok, out = run_check(bad, results(), tmp_path)
+    assert not ok
+    assert "97 of 100 applied in time" in out
+
+
+def test_record_keeps_other_runs(tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(regression.record([results(mode="shared")], path)))
+    merged = regression.record([results()], path)
+    assert set(merged["runs"]) == {"shared-100", "shared-1000", "distinct-100", "distinct-1000"}
+    assert merged["tolerance"] == 0.2
+
+
+def test_a_run_with_another_configuration_fails(tmp_path: Path) -> None:
+    bigger_storm = results()
+    bigger_storm["config"]["storm_fraction"] = 0.3
+    ok, out = run_check(bigger_storm, results(), tmp_path)
+    assert not ok
+    assert "INVALID    distinct-1000: run with" in out and "not comparable" in out

@@ -1,0 +1,148 @@
+"""Ownership is decided on the object being written, and the write carries a precondition:
+a RayService or rollback ConfigMap taken over by hand is refused, never overwritten, even
+when the hand edit lands between the operator's check and its write."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from typing import Any
+
+import pytest
+from reconcile_support import KEY, NAME, NS, Cluster
+from support import SAMPLES
+
+from servegraph.kube import KubeError
+from servegraph.names import GRAPH_LABEL
+from servegraph.operator import store
+from servegraph.operator.reconcile import RetryLater
+
+COMPLETE = (SAMPLES / "complete.pb").read_bytes()
+HAND_OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": "uid-of-mine", "controller": True}
+
+
+async def retried(c: Cluster) -> None:
+    """A reconcile that ends asking to be run again after a backoff."""
+    with pytest.raises(RetryLater):
+        await c.reconcile()
+
+
+def graphs(*contents: bytes) -> dict[str, bytes]:
+    return {hashlib.sha256(b).hexdigest(): b for b in contents}
+
+
+def take_over(c: Cluster, obj: dict[str, Any]) -> None:
+    """What a person does with kubectl edit: our label removed, the controller replaced."""
+    obj["metadata"]["labels"].pop(GRAPH_LABEL, None)
+    obj["metadata"]["ownerReferences"] = [dict(HAND_OWNER)]
+    c.api.edit(obj)
+
+
+async def test_a_rayservice_taken_over_by_hand_is_not_overwritten_by_the_next_apply() -> None:
+    """The label is gone, so the watch never delivers the edit: the record kept still says "ours"."""
+    c = Cluster()
+    await c.started()
+    take_over(c, c.api.rayservices[KEY])
+    theirs = copy.deepcopy(c.api.rayservices[KEY])
+
+    c.publish(COMPLETE)  # a new version: a write over the RayService is due
+    await retried(c)
+    assert c.api.rayservices[KEY] == theirs
+    assert "apply_rayservice" not in c.api.calls
+    assert c.condition("Applied") == ("False", "Conflict")
+    assert c.condition("Ready") == ("False", "Conflict")
+    applied = next(x for x in c.body["status"]["conditions"] if x["type"] == "Applied")
+    assert f"controlled by ConfigMap {NS}/mine, not this ServeGraph" in applied["message"]
+    assert "rayServiceName" not in c.body["status"], "nothing of someone else's RayService is mirrored"
+
+    c.watch_servegraph()  # and the next reconcile knows it without asking again
+    c.api.calls.clear()
+    await retried(c)
+    assert c.api.calls.count("get_rayservice") == 0 and "apply_rayservice" not in c.api.calls
+
+
+async def test_an_owner_changed_between_the_check_and_the_write_is_refused() -> None:
+    c = Cluster()
+    await c.started()
+    c.publish(COMPLETE)
+    c.api.after_read["get_rayservice"] = lambda: take_over(c, c.api.rayservices[KEY])
+
+    await retried(c)
+    rs = c.api.rayservices[KEY]
+    assert rs["metadata"]["ownerReferences"] == [HAND_OWNER], "the hand edit stands"
+    assert rs["spec"]["serveConfigV2"].count("- name:") == 1, "still mini's Serve config"
+    # The write carrying the version read was refused; read again, the object is not ours.
+    assert c.api.calls.count("apply_rayservice") == 1 and c.api.calls.count("get_rayservice") == 2
+    assert c.condition("Applied") == ("False", "Conflict")
+
+
+async def test_kuberays_status_write_between_the_read_and_the_write_costs_one_more_read() -> None:
+    """A moved resourceVersion is not a conflict by itself: read again, still ours, written."""
+    c = Cluster()
+    await c.started()
+    c.publish(COMPLETE)
+    c.api.after_read["get_rayservice"] = lambda: c.api.kuberay_reports(NS, NAME, sentiment="RUNNING")
+    await c.reconcile()
+    assert c.condition("Applied") == ("True", "UpToDate")
+    assert c.api.calls.count("get_rayservice") == 2 and c.api.calls.count("apply_rayservice") == 2
+    assert c.api.rayservices[KEY]["spec"]["serveConfigV2"].count("- name:") > 1
+
+
+async def test_a_drift_repair_over_our_own_rayservice_is_written_with_its_resource_version() -> None:
+    c = Cluster()
+    await c.started()
+    rs = c.api.rayservices[KEY]
+    rs["spec"]["serveConfigV2"] = "applications: []\n"
+    c.api.edit(rs)
+    c.watch_rayservice()
+    await c.reconcile()
+    assert c.api.rayservices[KEY]["spec"]["serveConfigV2"].startswith("proxy_location:")
+    assert c.api.calls == ["get_rayservice", "apply_rayservice", "post_event"]
+
+
+# -- the rollback store's ConfigMap -----------------------------------------------------------------
+
+
+OWNER = {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "name": NAME, "uid": "uid-1", "controller": True}
+
+
+async def test_a_store_configmap_taken_over_between_the_check_and_the_write_is_not_overwritten() -> None:
+    c = Cluster()
+    first = graphs(b"one")
+    digest1 = next(iter(first))
+    await store.keep(c.api, NS, NAME, OWNER, [digest1], first)
+    where = (NS, store.store_name(NAME))
+
+    def hand_edit() -> None:
+        cm = c.api.configmap_objects[where]
+        cm["metadata"]["ownerReferences"] = [dict(HAND_OWNER)]
+        cm["data"] = {"settings": "theirs"}
+        c.api.edit(cm)
+
+    c.api.after_read["get_configmap"] = hand_edit
+    second = graphs(b"two")
+    with pytest.raises(KubeError) as info:
+        await store.keep(c.api, NS, NAME, OWNER, [*second, digest1], second)
+    assert info.value.status == 409
+    cm = c.api.configmap_objects[where]
+    assert cm["metadata"]["ownerReferences"] == [HAND_OWNER] and cm["data"] == {"settings": "theirs"}
+    assert sorted(await store.load(c.api, NS, NAME)) == [digest1], "nothing of the refused write landed"
+
+
+async def test_the_store_writes_over_its_own_configmap_with_the_version_it_read() -> None:
+    c = Cluster()
+    one, two = graphs(b"one"), graphs(b"two")
+    await store.keep(c.api, NS, NAME, OWNER, [*one], one)
+    version = c.api.configmap_objects[(NS, store.store_name(NAME))]["metadata"]["resourceVersion"]
+    written: list[dict[str, Any]] = []
+    real_apply = c.api.apply_configmap
+
+    async def apply(manifest: Any, force: bool = True) -> dict[str, Any]:
+        written.append(copy.deepcopy(dict(manifest)))
+        return await real_apply(manifest, force)
+
+    c.api.apply_configmap = apply  # type: ignore[method-assign]
+    kept = await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two)
+    assert sorted(kept) == sorted([*one, *two])
+    assert sorted(await store.load(c.api, NS, NAME)) == sorted(kept)
+    assert written[0]["metadata"]["resourceVersion"] == version
