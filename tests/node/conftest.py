@@ -24,6 +24,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.node)
+    # Tests that start a node of their own (the demo) run before the session's `stack`
+    # exists: one node at a time holds the machine's node lock, so after it they would wait
+    # for the session's node, which is torn down only at the end — whatever file names sort.
+    items.sort(key=lambda item: "stack" in getattr(item, "fixturenames", ()))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

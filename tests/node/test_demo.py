@@ -1,7 +1,8 @@
 """`make demo-check` as a newcomer runs it: the whole story, answers right, nothing left.
 
-Runs first in this tier (file order), before the session's own cluster exists, so the
-demo's cluster has the node's CPUs to itself.
+Runs first in this tier (conftest.py orders every test that starts a node of its own
+before those on the session's `stack`), before the session's own cluster exists: one node
+at a time holds the machine's node lock, and the demo's cluster has the CPUs to itself.
 """
 
 from __future__ import annotations
