@@ -62,7 +62,23 @@ rules:
 """
     control_plane.kubectl("apply", "-f", "-", stdin=role)
     control_plane.kubectl("create", "rolebinding", "tenant", "-n", namespace, "--role=tenant", f"--user={TENANT}")
-    return await api_client_for(TENANT)
+    api = await api_client_for(TENANT)
+    # The authorizer learns new Roles from its informers, a moment after they are stored:
+    # a test starting in that moment would read "forbidden" where the policy should answer.
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                namespace=namespace, verb="create", group="ray.io", resource="rayservices"
+            )
+        )
+    )
+
+    async def allowed() -> bool:
+        answer = await client.AuthorizationV1Api(api).create_self_subject_access_review(review)
+        return bool(answer.status.allowed)
+
+    await eventually(allowed, within=30, interval=0.1, what="the tenant's Role in effect")
+    return api
 
 
 @pytest.fixture
