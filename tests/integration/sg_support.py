@@ -154,3 +154,45 @@ def sample_bytes(name: str) -> bytes:
 
 def read_log(path: Path) -> str:
     return path.read_text(errors="replace")
+
+
+TENANT = "restricted-user"
+"""The identity a tenant's tests act as: it may edit ServeGraphs and Ray objects in its namespace only."""
+
+_TENANT_ROLE = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: tenant, namespace: {namespace}}}
+rules:
+- apiGroups: [servegraph.io]
+  resources: [servegraphs]
+  verbs: [get, list, create, update, patch, delete]
+- apiGroups: [ray.io]
+  resources: [rayservices, rayclusters, rayjobs]
+  verbs: [get, list, create, update, patch, delete]
+"""
+
+
+async def tenant_api(control_plane: ControlPlane, namespace: str, api_client_for: Any) -> Any:
+    """An ApiClient as TENANT, bound to the tenant Role in `namespace`, once the Role is in effect.
+
+    The authorizer learns new Roles from its informers, a moment after they are stored: a
+    test starting in that moment would read "forbidden" where the policy should answer.
+    """
+    control_plane.kubectl("apply", "-f", "-", stdin=_TENANT_ROLE.format(namespace=namespace))
+    control_plane.kubectl("create", "rolebinding", "tenant", "-n", namespace, "--role=tenant", f"--user={TENANT}")
+    api = await api_client_for(TENANT)
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                namespace=namespace, verb="create", group="ray.io", resource="rayservices"
+            )
+        )
+    )
+
+    async def allowed() -> bool:
+        answer = await client.AuthorizationV1Api(api).create_self_subject_access_review(review)
+        return bool(answer.status.allowed)
+
+    await eventually(allowed, within=30, interval=0.1, what="the tenant's Role in effect")
+    return api

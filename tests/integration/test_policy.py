@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator
+from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator, tenant_api
 from support import REGISTRY_TOKEN, ROOT
 
 from servegraph.v1 import graph_pb2
@@ -26,7 +26,6 @@ from servegraph_testbed.waiting import eventually
 
 SYSTEM_NS = "servegraph-system"
 ALLOWED = "ghcr.io/servegraph/servegraph-ray:0.1.0"
-TENANT = "restricted-user"
 
 
 @pytest.fixture(scope="module")
@@ -48,37 +47,7 @@ def operator(control_plane: ControlPlane, policy: None) -> Iterator[Component]:
 @pytest.fixture
 async def tenant(control_plane: ControlPlane, namespace: str, api_client_for: Any) -> Any:
     """An ApiClient as a tenant who may edit ServeGraphs and Ray objects in its namespace only."""
-    role = f"""
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: tenant, namespace: {namespace}}}
-rules:
-- apiGroups: [servegraph.io]
-  resources: [servegraphs]
-  verbs: [get, list, create, update, patch, delete]
-- apiGroups: [ray.io]
-  resources: [rayservices, rayclusters, rayjobs]
-  verbs: [get, list, create, update, patch, delete]
-"""
-    control_plane.kubectl("apply", "-f", "-", stdin=role)
-    control_plane.kubectl("create", "rolebinding", "tenant", "-n", namespace, "--role=tenant", f"--user={TENANT}")
-    api = await api_client_for(TENANT)
-    # The authorizer learns new Roles from its informers, a moment after they are stored:
-    # a test starting in that moment would read "forbidden" where the policy should answer.
-    review = client.V1SelfSubjectAccessReview(
-        spec=client.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=client.V1ResourceAttributes(
-                namespace=namespace, verb="create", group="ray.io", resource="rayservices"
-            )
-        )
-    )
-
-    async def allowed() -> bool:
-        answer = await client.AuthorizationV1Api(api).create_self_subject_access_review(review)
-        return bool(answer.status.allowed)
-
-    await eventually(allowed, within=30, interval=0.1, what="the tenant's Role in effect")
-    return api
+    return await tenant_api(control_plane, namespace, api_client_for)
 
 
 @pytest.fixture

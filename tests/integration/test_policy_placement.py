@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator
+from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator, tenant_api
 from support import REGISTRY_TOKEN, ROOT
 
 from servegraph.v1 import graph_pb2
@@ -29,7 +29,6 @@ from servegraph_testbed.waiting import eventually
 SYSTEM_NS = "servegraph-system"
 PARAMS = "servegraph-pod-policy"
 ALLOWED = "ghcr.io/servegraph/servegraph-ray:0.1.0"
-TENANT = "restricted-user"
 TAINT = "dedicated.example.com/reserved"
 LABEL = "pool.example.com/reserved"
 RESERVING = {"allowedPriorityClasses": "serving, serving-gpu", "reservedTaints": TAINT, "reservedNodeLabels": LABEL}
@@ -51,21 +50,7 @@ def _set_params(control_plane: ControlPlane, data: dict[str, str]) -> None:
 @pytest.fixture
 async def tenant(control_plane: ControlPlane, policy: None, namespace: str, api_client_for: Any) -> Any:
     """A CustomObjectsApi as a tenant who may edit ServeGraphs and Ray objects in its namespace only."""
-    role = f"""
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {{name: tenant, namespace: {namespace}}}
-rules:
-- apiGroups: [servegraph.io]
-  resources: [servegraphs]
-  verbs: [get, list, create, update, patch, delete]
-- apiGroups: [ray.io]
-  resources: [rayservices, rayclusters, rayjobs]
-  verbs: [get, list, create, update, patch, delete]
-"""
-    control_plane.kubectl("apply", "-f", "-", stdin=role)
-    control_plane.kubectl("create", "rolebinding", "tenant", "-n", namespace, "--role=tenant", f"--user={TENANT}")
-    return client.CustomObjectsApi(await api_client_for(TENANT))
+    return client.CustomObjectsApi(await tenant_api(control_plane, namespace, api_client_for))
 
 
 def _servegraph(name: str, ray_service: dict[str, Any]) -> dict[str, Any]:
