@@ -12,6 +12,7 @@ import asyncio
 import datetime
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,24 @@ def rollback(args: argparse.Namespace) -> int:
 
 
 async def _rollback(args: argparse.Namespace) -> int:
+    def decide(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        if args.clear:
+            return {"spec": {"rollout": {"pin": None}}}, "unpinned: it follows its source again"
+        entry = choose_version(body.get("status") or {}, args.to)  # LookupError: refused
+        patch = {"spec": {"rollout": {"pin": {"digest": f"sha256:{entry['digest']}"}}}}
+        return (
+            patch,
+            f"pinned to version {entry['version']!r} ({entry['digest'][:12]}); `--clear` follows the source again",
+        )
+
+    return await _edit(args, "rollback", decide)
+
+
+async def _edit(
+    args: argparse.Namespace, command: str, decide: Callable[[dict[str, Any]], tuple[dict[str, Any], str]]
+) -> int:
+    """Read the ServeGraph, let `decide` turn it into a merge patch and what to print (or refuse
+    it with a LookupError), and send the patch: what `rollback` and `restart` share."""
     with needs_extra("operator"):
         from kubernetes_asyncio import client
 
@@ -162,21 +181,13 @@ async def _rollback(args: argparse.Namespace) -> int:
         custom = client.CustomObjectsApi(api)
         body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, args.name)
         if body is None:
-            print(f"servegraph rollback: ServeGraph {args.namespace}/{args.name} not found", file=sys.stderr)
+            print(f"servegraph {command}: ServeGraph {args.namespace}/{args.name} not found", file=sys.stderr)
             return 2
-        if args.clear:
-            patch: dict[str, Any] = {"spec": {"rollout": {"pin": None}}}
-            message = "unpinned: it follows its source again"
-        else:
-            try:
-                entry = choose_version(body.get("status") or {}, args.to)
-            except LookupError as exc:
-                print(f"servegraph rollback: {exc}", file=sys.stderr)
-                return 2
-            patch = {"spec": {"rollout": {"pin": {"digest": f"sha256:{entry['digest']}"}}}}
-            message = (
-                f"pinned to version {entry['version']!r} ({entry['digest'][:12]}); `--clear` follows the source again"
-            )
+        try:
+            patch, message = decide(body)
+        except LookupError as exc:
+            print(f"servegraph {command}: {exc}", file=sys.stderr)
+            return 2
         await custom.patch_namespaced_custom_object(
             GROUP, VERSION, args.namespace, PLURAL, args.name, patch, _content_type="application/merge-patch+json"
         )
@@ -221,34 +232,19 @@ def restart(args: argparse.Namespace) -> int:
 
 
 async def _restart(args: argparse.Namespace) -> int:
-    with needs_extra("operator"):
-        from kubernetes_asyncio import client
-
-        from servegraph.kube.client import connect
-    api = await connect(args.kubeconfig)
-    try:
-        custom = client.CustomObjectsApi(api)
-        body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, args.name)
-        if body is None:
-            print(f"servegraph restart: ServeGraph {args.namespace}/{args.name} not found", file=sys.stderr)
-            return 2
+    def decide(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
         refused = restart_refused(body.get("spec") or {})
         if refused:
-            print(f"servegraph restart: ServeGraph {args.namespace}/{args.name}: {refused}", file=sys.stderr)
-            return 2
+            raise LookupError(f"ServeGraph {args.namespace}/{args.name}: {refused}")
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         # The uid test makes the patch fail rather than restart a ServeGraph created again meanwhile.
         patch = {"metadata": {"uid": body["metadata"]["uid"], "annotations": {RESTARTED_AT_ANNOTATION: now}}}
-        await custom.patch_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, args.name, patch, _content_type="application/merge-patch+json"
+        return patch, (
+            f"restarting ({RESTARTED_AT_ANNOTATION}={now}): KubeRay starts a new Ray cluster and moves traffic "
+            "to it when it is Ready (`servegraph status` shows the upgrade)"
         )
-    finally:
-        await api.close()
-    print(
-        f"ServeGraph {args.namespace}/{args.name} restarting ({RESTARTED_AT_ANNOTATION}={now}): KubeRay starts a new "
-        "Ray cluster and moves traffic to it when it is Ready (`servegraph status` shows the upgrade)"
-    )
-    return 0
+
+    return await _edit(args, "restart", decide)
 
 
 def restart_refused(spec: dict[str, Any]) -> str | None:
