@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "tests" / "node"))
 
 from node_support import RAY_PODS, TEXT, LoadLoop, deploy, mini  # noqa: E402
 
-from servegraph_testbed.node.stack import Stack, ask  # noqa: E402
+from servegraph_testbed.node.routes import ask  # noqa: E402
+from servegraph_testbed.node.stack import Stack  # noqa: E402
 
 V1 = {"label": "neutral", "score": 0.0}
 V2 = {"label": "positive", "score": 1.0}

@@ -64,7 +64,7 @@ from servegraph.kube import KubeClient, connect  # noqa: E402
 from servegraph.names import GROUP, PLURAL, VERSION  # noqa: E402
 from servegraph.render import RayServiceOptions, render_rayservice  # noqa: E402
 from servegraph.v1 import graph_pb2  # noqa: E402
-from servegraph_testbed import WRITE_VERBS, ControlPlane, controlplane, find_binaries  # noqa: E402
+from servegraph_testbed import WRITE_VERBS, ControlPlane, find_binaries, launch  # noqa: E402
 from servegraph_testbed.certs import write_pki  # noqa: E402
 from servegraph_testbed.clients import api_client  # noqa: E402
 from servegraph_testbed.processes import free_port, http_probe  # noqa: E402
@@ -430,7 +430,7 @@ class Bench:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     binaries = find_binaries()
     # 10,000 distinct graphs in three copies (operator, raw, floor) and their history outgrow the test bed's 256 MiB.
-    controlplane.ETCD_QUOTA_BYTES = args.etcd_quota_mib * MiB
+    launch.ETCD_QUOTA_BYTES = args.etcd_quota_mib * MiB
     results: dict[str, Any] = {"mode": args.mode, "seed": args.seed, "namespaces": args.namespaces, "counts": {}}
     # What makes two runs comparable (bench/regression.py refuses to compare across a change).
     results["config"] = {

@@ -1,11 +1,15 @@
-"""Every name servegraph shares with Kubernetes: API groups, kinds, labels, annotations.
+"""Every name servegraph shares with Kubernetes: API groups, kinds, labels, annotations,
+condition types, and how an object is keyed.
 
-A leaf on purpose (it imports nothing): the renderer, the Kubernetes client, the
-operator and the tests all spell these the same way by importing them from here,
-so renaming one cannot leave a watch filter or a field manager behind.
+A leaf on purpose (it imports nothing of servegraph): the renderer, the Kubernetes client,
+the operator, `servegraph status` and the tests all spell these the same way by importing
+them from here, so renaming one cannot leave a watch filter, a field manager or a status
+reader behind.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 # The ServeGraph custom resource (config/crd).
 GROUP = "servegraph.io"
@@ -42,3 +46,22 @@ FIELD_MANAGER = "servegraph-operator"
 # Where the operator runs by default (config/manager) and the Lease its replicas elect a leader with.
 OPERATOR_NAMESPACE = "servegraph-system"
 LEASE_NAME = "servegraph-operator"
+
+Key = tuple[str, str]
+"""(namespace, name) of a namespaced object: how the operator's caches, queue, metrics and
+Secret reads know a ServeGraph, a RayService or a Secret."""
+
+
+class ConditionType(StrEnum):
+    """The conditions of a ServeGraph's status, in the order they are written and shown.
+
+    Strings (a `StrEnum`), so a member is what the API server stores and compares equal to
+    the text a reader finds there (`kubectl wait --for=condition=Ready`, config/crd's Ready
+    column).
+    """
+
+    FETCHED = "Fetched"
+    GRAPH_VALID = "GraphValid"
+    APPLIED = "Applied"
+    READY = "Ready"
+    PROGRESSING = "Progressing"

@@ -5,47 +5,47 @@ static identities, a kubeconfig per identity, CRD installation, an optional audi
 and an API server restart that keeps etcd (to prove the operator survives one).
 There is no controller-manager: owner references are stored but never garbage
 collected, namespaces never finish terminating, pods stay Pending.
+
+This module is the lifecycle and what clients need; the flags are in launch.py, the
+identities and tokens in identities.py, the commands run as an identity in commands.py.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import hashlib
-import ipaddress
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
+from servegraph_testbed import launch
 from servegraph_testbed.audit import DEFAULT_POLICY, AuditLog
 from servegraph_testbed.binaries import Binaries, find_binaries
 from servegraph_testbed.certs import PkiFiles, write_pki
+from servegraph_testbed.commands import Commands
 from servegraph_testbed.crds import install_crds, load_crds
 from servegraph_testbed.identities import (
     ADMIN,
     Identity,
     default_identities,
+    service_account_token,
     write_kubeconfig,
     write_token_file,
 )
-from servegraph_testbed.processes import Component, ComponentError, free_port, http_probe
+from servegraph_testbed.launch import kubernetes_service_ip
+from servegraph_testbed.processes import Component
 from servegraph_testbed.rest import Json, Rest
 
 KEEP_ENV_VAR = "SERVEGRAPH_TESTENV_KEEP"  # set to 1 to keep the work dir (logs) after stop()
-ETCD_QUOTA_BYTES = 256 * 1024 * 1024
-_PORT_RACE = "address already in use"
 
 T = TypeVar("T")
-_MakeComponent = Callable[[int], Component]
-_PortProbe = Callable[[int], tuple[bool, str]]
 
 
 class ControlPlane:
@@ -98,10 +98,8 @@ class ControlPlane:
         self._pki: PkiFiles | None = None
         self._etcd: Component | None = None
         self._apiserver: Component | None = None
-        self._spawned: list[Component] = []
-        self._clients: set[subprocess.Popen[str]] = set()
-        """kubectl/helm runs in flight (from any thread): stop() ends them, see `run`."""
-        self._clients_lock = threading.Lock()
+        self._commands = Commands(self)
+        """Spawned components and kubectl/helm runs in flight: stop() ends them all."""
         self._installed_crds: dict[str, str] = {}
         self.etcd_port = 0
         self.apiserver_port = 0
@@ -153,12 +151,8 @@ class ControlPlane:
         Safe to call twice and after a failed start.
         """
         atexit.unregister(self.stop)
-        with self._clients_lock:
-            clients = list(self._clients)
-        for proc in clients:  # by pid; each `run` reaps its own
-            proc.kill()
-        components = [*reversed(self._spawned), self._apiserver, self._etcd]
-        self._spawned.clear()
+        self._commands.kill_clients()
+        components = [*self._commands.take_spawned(), self._apiserver, self._etcd]
         self._apiserver = self._etcd = None
         self._installed_crds.clear()
         workdir, self._workdir = self._workdir, None
@@ -188,115 +182,39 @@ class ControlPlane:
 
     def _start_etcd(self, binaries: Binaries) -> None:
         def make(port: int) -> Component:
-            url = f"http://127.0.0.1:{port}"
-            return Component(
-                "etcd",
-                [
-                    str(binaries.etcd),
-                    f"--data-dir={self.workdir / 'etcd'}",
-                    f"--listen-client-urls={url}",
-                    f"--advertise-client-urls={url}",
-                    "--listen-peer-urls=http://127.0.0.1:0",  # single member: any port
-                    "--unsafe-no-fsync",  # throwaway data: skip the fsyncs that dominate start
-                    f"--quota-backend-bytes={ETCD_QUOTA_BYTES}",
-                    "--log-level=warn",  # the log tail on failure shows errors, not chatter
-                ],
-                self.workdir / "etcd.log",
-            )
+            return launch.etcd(binaries, self.workdir, port)
 
-        def ready(port: int) -> tuple[bool, str]:
-            return http_probe(f"http://127.0.0.1:{port}/health")
-
-        self._etcd, self.etcd_port = self._start_on_port(make, ready, self._fixed_etcd_port)
-
-    def _apiserver_argv(self, binaries: Binaries, port: int) -> list[str]:
-        pki = self._require(self._pki, "PKI")
-        argv = [
-            str(binaries.kube_apiserver),
-            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            f"--bind-address={self.host}",
-            f"--advertise-address={self.host}",
-            f"--secure-port={port}",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_cert}",
-            f"--tls-private-key-file={pki.serving_key}",
-            f"--service-account-issuer=https://{self.host}:{port}",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            f"--service-cluster-ip-range={self.service_cidr}",
-            f"--token-auth-file={self.workdir / 'tokens.csv'}",
-            "--allow-privileged=true",
-            # Skip work a one-user test server does not need: APF's bootstrap objects and
-            # periodic checks, profiling, metrics polls.
-            "--enable-priority-and-fairness=false",
-            "--profiling=false",
-            "--etcd-count-metric-poll-period=0",
-            "--etcd-db-metric-poll-interval=0",
-        ]
-        if self.cluster:
-            argv += [
-                # Kubelets are authorized as nodes (only their own pods, secrets they mount).
-                "--authorization-mode=Node,RBAC",
-                f"--kubelet-client-certificate={pki.kubelet_client_cert}",
-                f"--kubelet-client-key={pki.kubelet_client_key}",
-                "--kubelet-preferred-address-types=InternalIP",
-            ]
-        else:
-            argv += [
-                "--authorization-mode=RBAC",
-                # No controller-manager mints ServiceAccount tokens: the admission plugin would
-                # reject every pod (envtest disables it too).
-                "--disable-admission-plugins=ServiceAccount",
-                # Nothing inside a cluster needs the `kubernetes` Service's endpoints.
-                "--endpoint-reconciler-type=none",
-            ]
-        if self._audit_policy is not None:
-            argv += [
-                f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}",
-                f"--audit-log-path={self.workdir / 'audit.log'}",
-                "--audit-log-mode=blocking",  # the event is on disk when the response is
-                "--audit-log-maxbackup=0",
-            ]
-        return argv + self._extra_apiserver_args
+        self._etcd, self.etcd_port = launch.start_on_port(
+            make, launch.etcd_ready, self._fixed_etcd_port, host=self.host, timeout=self.ready_timeout
+        )
 
     def _start_apiserver(self, binaries: Binaries) -> None:
+        pki = self._require(self._pki, "PKI")
+
         def make(port: int) -> Component:
-            return Component(
-                "kube-apiserver",
-                self._apiserver_argv(binaries, port),
-                self.workdir / "kube-apiserver.log",
+            argv = launch.apiserver_argv(
+                binaries,
+                self.workdir,
+                pki,
+                port=port,
+                etcd_port=self.etcd_port,
+                host=self.host,
+                service_cidr=self.service_cidr,
+                cluster=self.cluster,
+                audit=self._audit_policy is not None,
+                extra_args=self._extra_apiserver_args,
             )
+            return Component("kube-apiserver", argv, self.workdir / "kube-apiserver.log")
 
         def ready(port: int) -> tuple[bool, str]:
             return self._rest_at(port, ADMIN).probe("/readyz?verbose")
 
-        component, self.apiserver_port = self._start_on_port(make, ready, self._fixed_apiserver_port)
-        self._apiserver = component
+        self._apiserver, self.apiserver_port = launch.start_on_port(
+            make, ready, self._fixed_apiserver_port, host=self.host, timeout=self.ready_timeout
+        )
 
     def _wait_apiserver_ready(self, apiserver: Component) -> None:
         apiserver.wait_ready(lambda: self.rest().probe("/readyz?verbose"), self.ready_timeout)
-
-    def _start_on_port(
-        self,
-        make: _MakeComponent,
-        ready: _PortProbe,
-        fixed: int | None,
-    ) -> tuple[Component, int]:
-        """Start a component on `fixed` or a free port; with a free port, retry on a race."""
-        attempts = 1 if fixed is not None else 3
-        for attempt in range(1, attempts + 1):
-            port = fixed if fixed is not None else free_port(self.host)
-            component = make(port)
-            component.start()
-            try:
-                component.wait_ready(functools.partial(ready, port), self.ready_timeout)
-            except ComponentError as e:
-                component.stop()
-                if attempt < attempts and _PORT_RACE in e.log_tail:
-                    continue
-                raise
-            return component, port
-        raise AssertionError("unreachable")
 
     # ---- what clients need -------------------------------------------------------------
 
@@ -324,7 +242,7 @@ class ControlPlane:
     @property
     def pids(self) -> dict[str, int]:
         """Process ids (= process group ids) of every running component, by name."""
-        components = [self._etcd, self._apiserver, *self._spawned]
+        components = [self._etcd, self._apiserver, *self._commands.spawned]
         return {c.name: c.pid for c in components if c is not None and c.pid is not None}
 
     @property
@@ -372,24 +290,7 @@ class ControlPlane:
         RBAC bindings to that ServiceAccount apply to it exactly as in a cluster. The
         namespace and ServiceAccount are created if missing.
         """
-        rest = self.rest()
-        rest.apply(
-            f"/api/v1/namespaces/{namespace}",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-        )
-        sa_path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
-        rest.apply(sa_path, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
-        review = rest.request(
-            "POST",
-            f"{sa_path}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": expiration_seconds},
-            },
-        )
-        token: str = review["status"]["token"]
-        return token
+        return service_account_token(self.rest(), namespace, name, expiration_seconds)
 
     def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
         """A kubeconfig file holding service_account_token(namespace, name)."""
@@ -397,6 +298,8 @@ class ControlPlane:
         path = self.workdir / f"kubeconfig-{ident.name}.yaml"
         write_kubeconfig(path, self.server, self.ca_pem, ident)
         return path
+
+    # ---- running as an identity (commands.py) --------------------------------------------
 
     def spawn(
         self,
@@ -411,22 +314,11 @@ class ControlPlane:
         KUBECONFIG is set to `identity`'s kubeconfig (None: leave the environment alone).
         Its output goes to component_log(name). Wait for it with `.wait_ready(probe, s)`.
         """
-        if any(c.name == name for c in self._spawned):
-            raise ValueError(f"a component named {name!r} is already running")
-        full_env = dict(os.environ)
-        if identity is not None:
-            full_env["KUBECONFIG"] = str(self.kubeconfig(identity))
-        full_env.update(env or {})
-        component = Component(name, argv, self.component_log(name), full_env)
-        component.start()
-        self._spawned.append(component)
-        return component
+        return self._commands.spawn(name, argv, identity=identity, env=env)
 
     def unspawn(self, component: Component) -> None:
         """Stop a spawned component ahead of the control plane."""
-        component.stop()
-        if component in self._spawned:
-            self._spawned.remove(component)
+        self._commands.unspawn(component)
 
     def run(
         self,
@@ -438,59 +330,25 @@ class ControlPlane:
     ) -> subprocess.CompletedProcess[str]:
         """Run a short command as `identity` (KUBECONFIG set; Helm's homes in the work dir).
 
-        Tracked until it ends, so that stop() can end it: a `kubectl rollout status` or
-        `wait` left running in a thread (an interrupted start) would otherwise retry
-        against the stopped API server until its own timeout, and keep pytest from exiting.
+        Tracked until it ends, so that stop() can end it (see Commands.run).
         """
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig(identity)))
-        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            env[var] = str(self.workdir / "helm" / var.lower())
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.PIPE if stdin is not None else None,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        with self._clients_lock:
-            self._clients.add(proc)
-        try:
-            out, err = proc.communicate(stdin)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            with self._clients_lock:
-                self._clients.discard(proc)
-        result = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
-        if check:
-            result.check_returncode()
-        return result
+        return self._commands.run(argv, identity=identity, stdin=stdin, check=check)
 
     def kubectl(
         self, *args: str, identity: str = ADMIN, stdin: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """The pinned kubectl as `identity`, e.g. `cp.kubectl("apply", "-f", "-", stdin=y)`."""
-        cache = f"--cache-dir={self.workdir / 'kubectl-cache'}"
-        argv = [str(self.binaries.kubectl), cache, *args]
-        return self.run(argv, identity=identity, stdin=stdin, check=check)
+        return self._commands.kubectl(*args, identity=identity, stdin=stdin, check=check)
 
     def helm(self, *args: str, identity: str = ADMIN, check: bool = True) -> subprocess.CompletedProcess[str]:
         """The pinned Helm v3 as `identity`, e.g. `cp.helm("install", "sg", "charts/x")`."""
-        return self.run([str(self.binaries.helm), *args], identity=identity, check=check)
+        return self._commands.helm(*args, identity=identity, check=check)
 
     @staticmethod
     def _require(value: T | None, what: str) -> T:
         if value is None:
             raise RuntimeError(f"control plane not started ({what} unavailable)")
         return value
-
-
-def kubernetes_service_ip(service_cidr: str) -> str:
-    """The ClusterIP of the `kubernetes` Service: the first address of the Service range."""
-    return str(next(ipaddress.ip_network(service_cidr).hosts()))
 
 
 def _digest(obj: Json) -> str:

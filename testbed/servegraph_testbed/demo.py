@@ -30,7 +30,8 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from servegraph.v1 import graph_pb2
-from servegraph_testbed.node.stack import Stack, ask
+from servegraph_testbed.node.routes import ask
+from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.processes import tail
 
 ROOT = Path(__file__).resolve().parents[2]

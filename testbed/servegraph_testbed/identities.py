@@ -1,8 +1,10 @@
-"""Who may talk to the test API server: static bearer-token identities and their kubeconfigs.
+"""Who may talk to the test API server: static bearer-token identities, real ServiceAccount
+tokens, and their kubeconfigs.
 
 A static token file lets a test run a component as exactly the user its RBAC manifests
 bind (any user name, including `system:serviceaccount:<ns>:<name>`), without the
-token controller a real cluster would need.
+token controller a real cluster would need. Where the token itself is under test, a
+bound ServiceAccount token comes from the TokenRequest API, as in a cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from servegraph_testbed.rest import Rest
 
 ADMIN = "admin"
 
@@ -87,3 +91,28 @@ def write_kubeconfig(path: Path, server: str, ca_pem: bytes, identity: Identity)
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
+
+
+def service_account_token(rest: Rest, namespace: str, name: str, expiration_seconds: int = 86400) -> str:
+    """A real bound token (TokenRequest API) of ServiceAccount `namespace/name`, asked as `rest`.
+
+    RBAC bindings to that ServiceAccount apply to it exactly as in a cluster. The
+    namespace and ServiceAccount are created if missing.
+    """
+    rest.apply(
+        f"/api/v1/namespaces/{namespace}",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+    )
+    sa_path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+    rest.apply(sa_path, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+    review = rest.request(
+        "POST",
+        f"{sa_path}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_seconds},
+        },
+    )
+    token: str = review["status"]["token"]
+    return token

@@ -15,6 +15,7 @@ from typing import Any
 
 Json = dict[str, Any]
 APPLY_PATCH = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
 FIELD_MANAGER = "servegraph-testenv"
 
 
@@ -40,7 +41,7 @@ class Rest:
         self,
         method: str,
         path: str,
-        body: Json | None = None,
+        body: Json | list[Json] | None = None,
         content_type: str = "application/json",
         timeout: float = 10.0,
     ) -> Any:

@@ -19,20 +19,27 @@ async def eventually(
 ) -> T:
     """Await `check()` until it returns a truthy value (returned) or `within` s pass.
 
-    Exceptions count as "not yet"; on timeout the AssertionError names `what` and the
-    last value or exception, so a failing test says what it was waiting for.
+    An exception from `check` (a failed assert in it, a refused call) means "not yet". On
+    timeout the AssertionError names `what` and what the last attempt saw: the exception,
+    message unescaped and chained as the cause (so the traceback shows the line of the check
+    that failed), or the falsy value it returned.
     """
     deadline = time.monotonic() + within
-    last: object = None
     while True:
+        error: Exception | None = None
         try:
             value = await check()
         except Exception as e:  # any error means "not yet"
-            last = e
+            error = e
         else:
             if value:
                 return value
-            last = value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {within:.0f} s; last: {last!r}")
+            last = repr(value) if error is None else _describe(error)
+            raise AssertionError(f"{what} not reached within {within:g} s; last: {last}") from error
         await asyncio.sleep(interval)
+
+
+def _describe(error: Exception) -> str:
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

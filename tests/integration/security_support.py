@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, start_operator
 from support import REGISTRY_TOKEN
 
@@ -29,10 +31,25 @@ MAX_GRAPH_BYTES = 65536
 class Secured:
     component: Component
     events_port: int
+    health_port: int
 
     @property
     def log(self) -> str:
         return self.component.log_path.read_text(errors="replace")
+
+    async def metric(self, sample: str, **labels: str) -> float:
+        """The sum of the operator's /metrics samples named `sample` that carry `labels`
+        (0 when there are none yet)."""
+        url = f"http://127.0.0.1:{self.health_port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            resp.raise_for_status()
+            text = await resp.text()
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == sample and labels.items() <= s.labels.items()
+        )
 
 
 def start_secured(cp: ControlPlane, name: str) -> Iterator[Secured]:
@@ -45,7 +62,7 @@ def start_secured(cp: ControlPlane, name: str) -> Iterator[Secured]:
         stdin=f"apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-events, namespace: {SYSTEM_NS}}}\ndata: {{token: {token}}}\n",
     )  # fmt: skip
     events_port = free_port()
-    component, _ = start_operator(
+    component, health_port = start_operator(
         cp,
         name,
         f"--max-fetch-seconds={MAX_FETCH_SECONDS}",
@@ -53,7 +70,7 @@ def start_secured(cp: ControlPlane, name: str) -> Iterator[Secured]:
         f"--events-address=127.0.0.1:{events_port}",
         f"--events-token-secret={SYSTEM_NS}/{name}-events",
     )
-    secured = Secured(component, events_port)
+    secured = Secured(component, events_port, health_port)
     yield secured
     cp.unspawn(component)
     log = secured.log

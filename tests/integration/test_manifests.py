@@ -132,6 +132,27 @@ def _container(deployment: Obj) -> Obj:
     return dict(containers[0])
 
 
+def _only_metrics_auth_is_cluster_wide(objs: list[Obj]) -> None:
+    """Namespaced installs put nothing cluster-wide but what guards /metrics: a binding
+    to the built-in system:auth-delegator (create TokenReviews and SubjectAccessReviews,
+    read nothing) and the reader ClusterRole (a non-resource URL only)."""
+    [binding] = _find(objs, "ClusterRoleBinding")
+    assert binding["metadata"]["name"] == f"{OPERATOR}-auth-delegator"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:auth-delegator",
+    }
+    [role] = _find(objs, "ClusterRole")
+    assert role["metadata"]["name"] == f"{OPERATOR}-metrics-reader"
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    deployment = _one(objs, "Deployment")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    namespace = deployment["metadata"]["namespace"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]
+    assert "--metrics-auth=kubernetes" in _container(deployment)["args"]
+
+
 # ---- kustomize -------------------------------------------------------------------------
 
 
@@ -147,6 +168,8 @@ def test_kustomize_default_applies_on_the_server(control_plane: ControlPlane, ku
         f"clusterrolebinding.rbac.authorization.k8s.io/{OPERATOR}",
         f"role.rbac.authorization.k8s.io/{OPERATOR}-leader-election",
         f"rolebinding.rbac.authorization.k8s.io/{OPERATOR}-leader-election",
+        f"clusterrolebinding.rbac.authorization.k8s.io/{OPERATOR}-auth-delegator",
+        f"clusterrole.rbac.authorization.k8s.io/{OPERATOR}-metrics-reader",
         f"deployment.apps/{OPERATOR}",
         f"service/{OPERATOR}",
         f"poddisruptionbudget.policy/{OPERATOR}",
@@ -195,7 +218,7 @@ def test_kustomize_namespaced_mode(control_plane: ControlPlane, namespaces: list
     objs = _kustomize(control_plane, tmp_path)
     _dry_run(control_plane, "-k", str(tmp_path))
 
-    assert not _find(objs, "ClusterRole") and not _find(objs, "ClusterRoleBinding")
+    _only_metrics_auth_is_cluster_wide(objs)
     role = _one(objs, "Role", OPERATOR, target)
     assert _rules(role) == _file_rules(CONFIG / "rbac" / "role.yaml")
     binding = _one(objs, "RoleBinding", OPERATOR, target)
@@ -308,6 +331,8 @@ def test_helm_default_render_applies_on_the_server(control_plane: ControlPlane, 
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "ClusterRole",  # metrics reader
+            "ClusterRoleBinding",  # system:auth-delegator, for /metrics' reviews
             "Role",
             "RoleBinding",
             "Deployment",
@@ -327,7 +352,12 @@ def test_helm_namespaced_render_applies_on_the_server(
     _dry_run(control_plane, "-f", "-", stdin=rendered)
 
     objs = _docs(rendered)
-    assert not _find(objs, "ClusterRole") and not _find(objs, "ClusterRoleBinding")
+    _only_metrics_auth_is_cluster_wide(objs)
+    unguarded = _docs(
+        _helm_template(control_plane, release_ns, "--values", str(values), "--set", "metrics.auth.enabled=false")
+    )
+    assert not _find(unguarded, "ClusterRole") and not _find(unguarded, "ClusterRoleBinding")
+    assert not [a for a in _container(_one(unguarded, "Deployment"))["args"] if a.startswith("--metrics-auth")]
     account = _one(objs, "Deployment", OPERATOR, release_ns)["spec"]["template"]["spec"]["serviceAccountName"]
     for ns in watched:
         assert _rules(_one(objs, "Role", OPERATOR, ns)) == _file_rules(CONFIG / "rbac" / "role.yaml")

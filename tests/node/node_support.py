@@ -12,9 +12,12 @@ from typing import Any
 
 import aiohttp
 from google.protobuf import text_format
+from prometheus_client.parser import text_string_to_metric_families
 from support import SAMPLES
 
 from servegraph.v1 import graph_pb2
+from servegraph_testbed.node.prometheus import reader_token
+from servegraph_testbed.node.routes import answer
 from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
@@ -85,6 +88,40 @@ async def servegraph(stack: Stack, namespace: str, name: str) -> dict[str, Any]:
     return obj
 
 
+async def reconciles(stack: Stack, namespace: str, name: str) -> float:
+    """How many reconciles of one ServeGraph the leading operator has finished (its /metrics,
+    read as Prometheus reads it: the pod's port, a token allowed `get` on /metrics).
+
+    What proves that a trigger was handled, where the handling writes nothing: the count
+    grows only once the reconcile the trigger queued has run to its end."""
+    assert stack.installed is not None
+    ns, lease_name = stack.installed.operator_namespace, stack.installed.operator_deployment
+    lease = await asyncio.to_thread(stack.get, "lease", ns, lease_name)
+    assert lease is not None, f"no Lease {ns}/{lease_name}"
+    pod = await asyncio.to_thread(stack.get, "pod", ns, lease["spec"]["holderIdentity"].rsplit("_", 1)[0])
+    assert pod is not None, "the Lease holder's pod is gone"
+    if id(stack) not in _reader_tokens:
+        _reader_tokens[id(stack)] = await asyncio.to_thread(reader_token, stack.cp)
+    url = f"http://{pod['status']['podIP']}:8080/metrics"
+    headers = {"Authorization": f"Bearer {_reader_tokens[id(stack)]}"}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+        session.get(url, headers=headers) as resp,
+    ):
+        assert resp.status == 200, f"/metrics: HTTP {resp.status}: {await resp.text()}"
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        if family.name == "servegraph_graph_reconcile_duration_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_count") and sample.labels == {"namespace": namespace, "name": name}:
+                    return sample.value
+    return 0.0
+
+
+_reader_tokens: dict[int, str] = {}
+"""A metrics reader's token per node stack (minted once: TokenRequest, 24 h)."""
+
+
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c["type"] == kind:
@@ -130,15 +167,23 @@ async def deploy(
 
 @dataclass
 class LoadLoop:
-    """POSTs to a route back to back (one request in flight) and records every outcome."""
+    """POSTs to a route back to back (one request in flight) and records every outcome.
+
+    Counting starts at the route's first answer: a request sent in the instant KubeRay
+    reports Ready can be lost inside the node before the serve Service routes at all
+    (docs/testenv.md, "Requests right after Ready"), which says nothing about the change a
+    test makes under load. Such losses are kept apart, in `lost_before_first_answer`.
+    """
 
     url: str
     payload: Any
     results: list[tuple[float, int, Any]] = field(default_factory=list)
+    lost_before_first_answer: list[str] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def __aenter__(self) -> LoadLoop:
+        await answer(self.url, self.payload, lost=self.lost_before_first_answer)
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -174,7 +219,10 @@ class LoadLoop:
                 runs[-1][3] += 1
             else:
                 runs.append([at, at, what, 1, body])
-        return "; ".join(
+        lost = (
+            f"lost before the first answer: {self.lost_before_first_answer}; " if self.lost_before_first_answer else ""
+        )
+        return lost + "; ".join(
             f"{a - since:+.1f}s..{b - since:+.1f}s {w} x{n}"
             + (f" ({str(body)[:80]})" if not str(w).startswith("200") else "")
             for a, b, w, n, body in runs

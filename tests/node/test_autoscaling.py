@@ -23,7 +23,8 @@ import aiohttp
 from node_support import deploy, figure, wait_ready
 
 from servegraph.v1 import graph_pb2
-from servegraph_testbed.node.stack import Stack, answer, ask
+from servegraph_testbed.node.routes import answer, ask
+from servegraph_testbed.node.stack import Stack
 
 NAME = "autoscaled"
 IDLE_TIMEOUT_S = 30

@@ -20,7 +20,8 @@ from typing import Any
 from node_support import condition, deploy, figure, servegraph, wait_ready, wait_rolled_out
 
 from servegraph.v1 import graph_pb2
-from servegraph_testbed.node.stack import Stack, answer, ask
+from servegraph_testbed.node.routes import answer, ask
+from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
 Replicas = dict[tuple[str, str], tuple[str, ...]]

@@ -7,7 +7,8 @@ import time
 
 from node_support import TEXT, deploy, figure, mini, servegraph, wait_ready
 
-from servegraph_testbed.node.stack import Stack, ask
+from servegraph_testbed.node.routes import ask
+from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
 

@@ -10,7 +10,8 @@ import pytest
 from node_support import RAY_PODS, figure, wait_ready
 from support import SAMPLES
 
-from servegraph_testbed.node.stack import Stack, answer
+from servegraph_testbed.node.routes import answer
+from servegraph_testbed.node.stack import Stack
 
 # The sample's GPU group selects nodes by this label (cloud.google.com/gke-accelerator).
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator=nvidia-l4"

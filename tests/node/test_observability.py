@@ -16,6 +16,8 @@ import math
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -194,6 +196,19 @@ async def test_the_dashboards_queries_return_per_node_series_with_the_graph_vers
     assert len(ray) >= 2 and all(t["health"] == "up" for t in ray), ray
     operator = [t for t in targets if t["scrapePool"].startswith("servicemonitor/")]
     assert len(operator) == 2 and all(t["health"] == "up" for t in operator), operator
+    # Those scrapes carried Prometheus' ServiceAccount token (metrics.auth, on by default):
+    # without one, the same pods refuse.
+    for target in operator:
+        refused = await asyncio.to_thread(_status_without_token, target["scrapeUrl"])
+        assert refused == 401, (target["scrapeUrl"], refused)
+
+
+def _status_without_token(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 async def test_servegraph_status_draws_the_live_graph(stack: Stack, observed: Deployed) -> None:

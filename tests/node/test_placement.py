@@ -21,7 +21,8 @@ import pytest
 from node_support import RAY_PODS, deploy, figure, mini, wait_ready
 
 from servegraph.v1 import graph_pb2
-from servegraph_testbed.node.stack import Stack, answer, ask
+from servegraph_testbed.node.routes import answer, ask
+from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
 TAINT = "servegraph.io/test-placement"

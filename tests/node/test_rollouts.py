@@ -10,9 +10,21 @@ import sys
 import time
 from typing import Any
 
-from node_support import TEXT, LoadLoop, condition, deploy, figure, mini, servegraph, wait_ready, wait_rolled_out
+from node_support import (
+    TEXT,
+    LoadLoop,
+    condition,
+    deploy,
+    figure,
+    mini,
+    reconciles,
+    servegraph,
+    wait_ready,
+    wait_rolled_out,
+)
 
-from servegraph_testbed.node.stack import Stack, ask
+from servegraph_testbed.node.routes import ask
+from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
 
@@ -70,9 +82,19 @@ async def test_a_failing_version_is_rolled_back_across_an_operator_restart(stack
     assert not [r for r in load.results if r[0] > published + took and r[1] != 200]
     stack.cluster.wait_rollout(stack.installed.operator_namespace, f"deployment/{stack.installed.operator_deployment}")
 
-    # The source still serves v2: another "published" event does not retry it.
+    # The source still serves v2: another "published" event does not retry it. Proof the
+    # event was handled: the registry saw the operator's request after it, and the leader
+    # finished one more reconcile of this ServeGraph.
+    handled_before = await reconciles(stack, namespace, "mini")
+    assert stack.registry is not None
+    requests_before = len(stack.registry.registry.requests)
     await stack.post_published_event(registry_name)
-    await asyncio.sleep(10)
+
+    async def event_handled() -> bool:
+        asked = any(r["name"] == registry_name for r in stack.registry.registry.requests[requests_before:])
+        return asked and await reconciles(stack, namespace, "mini") > handled_before
+
+    await eventually(event_handled, within=60, interval=0.5, what="the published event's reconcile")
     rs = stack.get("rayservice", namespace, "mini")
     assert (
         rs is not None and "[1.0,2.0]" not in rs["spec"]["serveConfigV2"] and "[1,2]" not in rs["spec"]["serveConfigV2"]

@@ -7,7 +7,8 @@ import time
 
 from node_support import TEXT, LoadLoop, condition, deploy, figure, mini, wait_ready
 
-from servegraph_testbed.node.stack import Stack, answer, ask
+from servegraph_testbed.node.routes import answer, ask
+from servegraph_testbed.node.stack import Stack
 
 
 async def test_servegraph_becomes_ready_from_kuberay_and_its_route_answers(stack: Stack, namespace: str) -> None:

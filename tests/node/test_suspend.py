@@ -18,7 +18,8 @@ from typing import Any
 from node_support import TEXT, LoadLoop, condition, deploy, figure, mini, servegraph, wait_ready, wait_rolled_out
 
 from servegraph.names import RESTARTED_AT_ANNOTATION
-from servegraph_testbed.node.stack import Stack, answer
+from servegraph_testbed.node.routes import answer
+from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
 

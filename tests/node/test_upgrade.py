@@ -26,7 +26,8 @@ from node_support import (
 )
 
 from servegraph.v1 import graph_pb2
-from servegraph_testbed.node.stack import Stack, answer
+from servegraph_testbed.node.routes import answer
+from servegraph_testbed.node.stack import Stack
 
 
 async def _roll(

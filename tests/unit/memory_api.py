@@ -1,15 +1,19 @@
 """In-memory stand-ins for the reconciler's two edges, for unit tests only.
 
 `MemoryApiServer` implements the reconciler's `ApiServer` protocol over dicts and
-`MemoryRegistry` its `Fetcher`. They model what the reconciler relies on (server-side
-apply replaces our fields, keeps KubeRay's status and counts spec changes in the
-generation, and without `force` answers 409 over an object another field manager
-wrote; every write moves the resourceVersion, and an apply carrying an older one
-answers 409; the status write is refused for an object that is gone or has another
-uid; a registry answers 304 to its own ETag and 401 to a wrong token) and record every call,
-so tests can assert what the operator read and wrote. The real API server and registry
-are exercised by tests/integration and tests/source; these are what lets the
-reconcile be tested in milliseconds.
+`MemoryRegistry` its `Fetcher`. They model what the reconciler relies on, and
+tests/integration/test_api_contract.py runs one scenario suite against this stand-in and
+the real API server so the two cannot drift: server-side apply per field manager
+(memory_writes: other managers' fields kept, a conflict only over a field another
+manager owns with another value, an omitted field of ours removed); the schema defaults
+KubeRay's CRD fills in; KubeRay's status kept by our writes and written through the
+status subresource; a generation that counts spec changes; a resourceVersion that moves
+on every change and not on a write that changes nothing; an apply carrying an older one
+answered 409; deletes with uid and resourceVersion preconditions, held by finalizers; the
+status write refused for an object that is gone or has another uid. A registry answers
+304 to its own ETag and 401 to a wrong token. Both record every call, so tests can assert
+what the operator read and wrote. There are no watches: the reconciler gets none through
+`ApiServer` (kopf runs them), tests hand it what a watch would deliver.
 """
 
 from __future__ import annotations
@@ -17,15 +21,35 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory_writes import Defaults, apply, merge_patch, no_defaults, rayservice_defaults, update
+
 from servegraph.kube import KubeError
+from servegraph.names import Key
 from servegraph.source import Fetched, FetchError, FetchRequest
 
-Key = tuple[str, str]
 MANAGER = "servegraph-operator"
+KUBERAY = "kuberay-operator"
+NOW = "2026-01-01T00:00:00Z"
+_SERVER = (
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
+"""Metadata only the API server writes: an update keeps them as they are."""
+_MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
+
+
+def _content(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the generation counts: everything but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
 @dataclass
@@ -34,8 +58,9 @@ class MemoryApiServer:
     rayservices: dict[Key, dict[str, Any]] = field(default_factory=dict)
     secrets: dict[Key, dict[str, str]] = field(default_factory=dict)
     configmaps: dict[Key, dict[str, str]] = field(default_factory=dict)
+    """ConfigMap data by key, for `read_configmap_key` (what a test seeds by hand)."""
     configmap_objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    """Whole ConfigMaps written by server-side apply (the rollback store)."""
+    """Whole ConfigMaps written by server-side apply (the rollback store); `read_configmap_key` reads them too."""
     events: list[tuple[str, str, str]] = field(default_factory=list)
     """(type, reason, message) of every Event posted."""
     calls: list[str] = field(default_factory=list)
@@ -47,6 +72,8 @@ class MemoryApiServer:
     after_read: dict[str, Callable[[], object]] = field(default_factory=dict)
     """Method name → run once just after that read answers: a hand edit landing between
     the operator's read and its write."""
+    written: dict[tuple[str, Key], dict[str, Any]] = field(default_factory=dict)
+    """Each object as this server last stored it: what `edit` compares a hand edit with."""
 
     def add_secret(self, namespace: str, name: str, **values: str) -> dict[str, str]:
         data = {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}
@@ -73,27 +100,94 @@ class MemoryApiServer:
         self.versions += 1
         return str(self.versions)
 
-    def _precondition(self, manifest: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
-        """An apply carrying metadata.resourceVersion writes only that version of the object."""
-        wanted = manifest["metadata"].get("resourceVersion")
-        if wanted is None:
-            return
-        if existing is None:
-            raise KubeError("NotFound", f"{manifest['metadata']['name']} not found", 404)
-        if existing["metadata"].get("resourceVersion") != wanted:
+    def _kind(self, kind: str) -> tuple[dict[Key, dict[str, Any]], bool, Defaults]:
+        """The store of `kind`, whether it is a custom resource (it has a generation), its defaults."""
+        if kind == "RayService":
+            return self.rayservices, True, rayservice_defaults
+        if kind == "ConfigMap":
+            return self.configmap_objects, False, no_defaults
+        raise ValueError(f"the stand-in keeps no {kind}")
+
+    def _commit(self, kind: str, key: Key, before: Mapping[str, Any] | None, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store `obj` as the new state of what was `before`: a new resourceVersion (none when
+        nothing changed), uid and generation as the API server keeps them. Returns a copy."""
+        store, custom, _ = self._kind(kind)
+        if before is not None and obj == before:
+            return copy.deepcopy(obj)
+        meta = obj["metadata"]
+        if sum(1 for ref in meta.get("ownerReferences") or () if ref.get("controller")) > 1:
             raise KubeError(
-                "Conflict",
-                "Operation cannot be fulfilled: the object has been modified; "
-                "please apply your changes to the latest version and try again",
-                409,
+                "Invalid", "metadata.ownerReferences: Only one reference can have Controller set to true", 422
             )
+        if before is None:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", NOW)
+            if custom:
+                meta.setdefault("generation", 1)
+        elif custom and _content(obj) != _content(before):
+            meta["generation"] = int(before["metadata"].get("generation") or 1) + 1
+        meta["resourceVersion"] = self.next_version()
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):  # the last finalizer gone
+            store.pop(key, None)
+            self.written.pop((kind, key), None)
+        else:
+            store[key] = obj
+            self.written[(kind, key)] = copy.deepcopy(obj)
+        return copy.deepcopy(obj)
+
+    def _precondition(self, manifest: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
+        """An apply carrying metadata.resourceVersion writes only that version of an existing
+        object; one that does not exist is created (the API server ignores it then)."""
+        wanted = manifest["metadata"].get("resourceVersion")
+        if wanted is None or existing is None:
+            return
+        if existing["metadata"].get("resourceVersion") != wanted:
+            raise KubeError("Conflict", f"Operation cannot be fulfilled: {_MODIFIED}", 409)
+
+    def apply_as(self, manager: str, manifest: Mapping[str, Any], force: bool = False) -> dict[str, Any]:
+        """Server-side apply by `manager` (a RayService or a ConfigMap)."""
+        meta = manifest["metadata"]
+        key = (meta["namespace"], meta["name"])
+        store, _, defaults = self._kind(manifest["kind"])
+        existing = store.get(key)
+        self._precondition(manifest, existing)
+        obj = apply(copy.deepcopy(existing), manifest, manager, force, defaults)
+        return self._commit(manifest["kind"], key, existing, obj)
+
+    def update_as(
+        self, manager: str, kind: str, key: Key, patch: Mapping[str, Any], subresource: str | None = None
+    ) -> dict[str, Any]:
+        """A merge patch by `manager` (an update); `subresource="status"` writes only the status."""
+        store, _, defaults = self._kind(kind)
+        live = store.get(key)
+        if live is None:
+            raise KubeError("NotFound", f"{kind} {key[1]} not found", 404)
+        patched = merge_patch(live, patch)
+        new = copy.deepcopy(live)
+        if subresource == "status":
+            new["status"] = patched.get("status")
+            if new["status"] is None:
+                del new["status"]
+        else:
+            new = {**patched, "status": live["status"]} if "status" in live else dict(patched)
+            new["metadata"] = {**patched["metadata"], **{k: v for k, v in live["metadata"].items() if k in _SERVER}}
+        return self._commit(kind, key, live, update(live, new, manager, subresource, defaults))
 
     def edit(self, obj: dict[str, Any], manager: str = "kubectl-edit") -> None:
-        """Record a write by someone else to `obj` (changed in place): a new resourceVersion, and the manager."""
-        meta = obj["metadata"]
-        meta["resourceVersion"] = self.next_version()
-        managers = {m["manager"] for m in meta.get("managedFields", [])} | {manager}
-        meta["managedFields"] = [{"manager": m} for m in sorted(managers)]
+        """Record a write by `manager` to `obj`, a stored object the test changed in place (as
+        `kubectl edit` would): it owns what it changed, and `obj` gets the new resourceVersion."""
+        for kind in ("RayService", "ConfigMap"):
+            store, _, defaults = self._kind(kind)
+            key = next((k for k, v in store.items() if v is obj), None)
+            if key is not None:
+                before = self.written.get((kind, key))
+                stored = self._commit(kind, key, before, update(before, obj, manager, defaults=defaults))
+                obj.clear()
+                obj.update(stored)
+                if key in store:
+                    store[key] = obj
+                return
+        raise ValueError("edit: not an object this server stores")
 
     async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._call("get_rayservice")
@@ -101,56 +195,48 @@ class MemoryApiServer:
 
     async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
         self._call("apply_rayservice")
-        key = (manifest["metadata"]["namespace"], manifest["metadata"]["name"])
-        obj = copy.deepcopy(dict(manifest))
-        existing = self.rayservices.get(key)
-        self._precondition(manifest, existing)
-        managers = {m["manager"] for m in (existing or {}).get("metadata", {}).get("managedFields", [])}
-        if existing is not None and not force and managers - {MANAGER}:
-            raise KubeError("Conflict", f"Apply failed with conflicts: fields managed by {sorted(managers)}", 409)
-        generation = 1
-        if existing is not None:
-            generation = existing["metadata"].get("generation", 1)
-            generation += existing.get("spec") != obj.get("spec")  # as the API server counts spec changes
-            if "status" in existing:
-                obj["status"] = copy.deepcopy(existing["status"])
-            for kept in ("finalizers", "deletionTimestamp"):  # KubeRay's, and the API server's
-                if kept in existing["metadata"]:
-                    obj["metadata"][kept] = copy.deepcopy(existing["metadata"][kept])
-        obj["metadata"]["generation"] = generation
-        obj["metadata"]["managedFields"] = [{"manager": m} for m in sorted(managers | {MANAGER})]
-        obj["metadata"]["resourceVersion"] = self.next_version()
-        self.rayservices[key] = obj
-        return copy.deepcopy(obj)
+        return self.apply_as(MANAGER, manifest, force)
 
     async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
         """Delete with uid and resourceVersion preconditions (409 otherwise); an object with
         finalizers (KubeRay's) is only marked deleted until they are removed."""
         self._call("delete_rayservice")
-        obj = self.rayservices.get((namespace, name))
+        key = (namespace, name)
+        obj = self.rayservices.get(key)
         if obj is None:
             return
         meta = obj["metadata"]
-        if meta.get("uid", uid) != uid or meta.get("resourceVersion") != resource_version:
-            raise KubeError("Conflict", "Operation cannot be fulfilled: the object has been modified", 409)
-        if meta.get("finalizers"):
-            meta.setdefault("deletionTimestamp", "2026-01-01T00:00:00Z")
-            meta["resourceVersion"] = self.next_version()
-        else:
-            del self.rayservices[(namespace, name)]
+        if meta.get("uid", uid) != uid:
+            raise KubeError("Conflict", f"the UID in the precondition ({uid}) does not match the UID in record", 409)
+        if meta.get("resourceVersion") != resource_version:
+            raise KubeError(
+                "Conflict", f"the ResourceVersion in the precondition ({resource_version}) does not match", 409
+            )
+        if meta.get("deletionTimestamp"):
+            return  # being deleted already: nothing changes
+        if not meta.get("finalizers"):
+            del self.rayservices[key]
+            self.written.pop(("RayService", key), None)
+            return
+        marked = copy.deepcopy(obj)
+        marked["metadata"] |= {"deletionTimestamp": NOW, "deletionGracePeriodSeconds": 0}
+        marked["metadata"]["generation"] = int(meta.get("generation") or 1) + 1  # as it does for custom resources
+        self._commit("RayService", key, obj, marked)
 
     def kuberay_reports(self, namespace: str, name: str, **apps: str) -> dict[str, Any]:
-        """What KubeRay writes once it acted on the current spec: observedGeneration and app statuses."""
+        """What KubeRay writes through the status subresource once it acted on the current spec:
+        observedGeneration, app statuses, and the time of the write (so each report changes it)."""
         obj = self.rayservices[(namespace, name)]
-        obj["status"] = {
+        status = {
             "observedGeneration": obj["metadata"]["generation"],
+            "lastUpdateTime": f"2026-01-01T00:{self.versions // 60 % 60:02d}:{self.versions % 60:02d}Z",
             "activeServiceStatus": {
                 "rayClusterName": f"{name}-a",
                 "applicationStatuses": {app: {"status": status} for app, status in apps.items()},
             },
         }
-        obj["metadata"]["resourceVersion"] = self.next_version()  # a status write moves it too
-        return copy.deepcopy(obj)
+        patch = {"status": {**{k: None for k in obj.get("status") or {}}, **status}}
+        return self.update_as(KUBERAY, "RayService", (namespace, name), patch, subresource="status")
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._call("get_configmap")
@@ -158,17 +244,7 @@ class MemoryApiServer:
 
     async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
         self._call("apply_configmap")
-        key = (manifest["metadata"]["namespace"], manifest["metadata"]["name"])
-        existing = self.configmap_objects.get(key)
-        self._precondition(manifest, existing)
-        managers = {m["manager"] for m in (existing or {}).get("metadata", {}).get("managedFields", [])}
-        if existing is not None and not force and managers - {MANAGER}:
-            raise KubeError("Conflict", f"Apply failed with conflicts: fields managed by {sorted(managers)}", 409)
-        obj = copy.deepcopy(dict(manifest))
-        obj["metadata"]["managedFields"] = [{"manager": m} for m in sorted(managers | {MANAGER})]
-        obj["metadata"]["resourceVersion"] = self.next_version()
-        self.configmap_objects[key] = obj
-        return copy.deepcopy(obj)
+        return self.apply_as(MANAGER, manifest, force)
 
     async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None:
         self._call("patch_servegraph_status")
@@ -192,6 +268,8 @@ class MemoryApiServer:
     async def read_configmap_key(self, namespace: str, name: str, key: str) -> str:
         self._call("read_configmap_key")
         data = self.configmaps.get((namespace, name))
+        if data is None and (namespace, name) in self.configmap_objects:
+            data = self.configmap_objects[(namespace, name)].get("data") or {}
         if data is None:
             raise KubeError("NotFound", f'configmaps "{name}" not found', 404)
         if key not in data:

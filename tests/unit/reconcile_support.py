@@ -8,13 +8,13 @@ from typing import Any
 from memory_api import MemoryApiServer, MemoryRegistry
 from support import SAMPLES
 
-from servegraph.names import REFRESH_ANNOTATION
+from servegraph.names import REFRESH_ANNOTATION, Key
 from servegraph.operator.metrics import Metrics
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler
 
 NS, NAME = "team-a", "mini"
-KEY = (NS, NAME)
+KEY: Key = (NS, NAME)
 URL = "https://registry.test/v1/graphs/mini"
 TOKEN = "s3cret"
 MINI = (SAMPLES / "mini.pb").read_bytes()
@@ -26,7 +26,7 @@ class Cluster:
     def __init__(self, **source: Any) -> None:
         self.api = MemoryApiServer()
         self.registry = MemoryRegistry(token=TOKEN, graphs={URL: MINI})
-        self.queue: WorkQueue[tuple[str, str]] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue()
         self.reconciler = Reconciler(self.api, self.registry, Metrics(), self.queue)
         self.api.servegraphs[KEY] = {
             "apiVersion": "servegraph.io/v1alpha1",

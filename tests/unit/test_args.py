@@ -89,10 +89,11 @@ def test_reports_every_problem_at_once_naming_nodes_and_fields() -> None:
         }
     )
     assert found == [
-        'node "a", field deployment.kwargs.x.node: unknown node "nowhere"',
-        'node "s", field sequence.steps: must be a non-empty list of node ids',
-        'node "w", field switch: must have exactly one of field, header',
-        'node "p", field splitter.routes: weights must sum to 100, got 90',
+        'node "a", field deployment.kwargs[\'x\'].node: unknown node "nowhere"',
+        'node "s", field sequence.steps: a sequence needs at least one step',
+        'node "w", field switch: set one of `field` (a JSON body key) or `header` to route on',
+        'node "p", field splitter.routes: weights sum to 90, not 100',
+        'node "p", field splitter.routes: a node is listed twice',
         'node "e", field ensemble.members: a member is listed twice (results are keyed by member id)',
         'args.ingress: unknown node "missing"',
     ]
@@ -138,15 +139,21 @@ def test_nodes_the_ingress_does_not_reach_are_rejected() -> None:
             "'sequence']",
         ),
         ({"id": "a", "router": {}}, "node \"a\": unknown key 'router'"),
-        ({"id": "", "deployment": {}}, "args.nodes[0].id: must be a non-empty node id, got ''"),
-        (dep("a", import_path=""), "node \"a\", field deployment.import_path: must be a non-empty 'module:attribute'"),
+        ({"id": 3, "deployment": {}}, "args.nodes[0].id: must be a node id (a string), got 3"),
+        ({"id": "", "deployment": {"import_path": "m:C"}}, 'node "": id is not a deployment name Ray accepts'),
+        (dep("a", import_path=""), "node \"a\", field deployment.import_path: '' is not of the form 'module.path:attr"),
+        (dep("a", import_path=3), "node \"a\", field deployment.import_path: must be a 'module.path:attribute' string"),
         (dep("a", args=[3]), 'node "a", field deployment.args[0]: must be {value: <literal>} or {node: <node id>}'),
-        (dep("a", kwargs={"not valid": {"value": 1}}), "'not valid' is not a valid keyword argument name"),
-        (dep("a", kwargs={"x": {"value": 1, "node": "b"}}), 'node "a", field deployment.kwargs.x: must be'),
+        (dep("a", kwargs={"not valid": {"value": 1}}), "deployment.kwargs['not valid']: not a Python identifier"),
+        (dep("a", kwargs={"x": {"value": 1, "node": "b"}}), "node \"a\", field deployment.kwargs['x']: must be"),
         (dep("a", timeout=3), "node \"a\", field deployment: unknown key 'timeout'"),
         (
             {"id": "a", "splitter": {"routes": [{"node": "b", "weight": True}]}},
-            'node "a", field splitter.routes[0].weight: must be a non-negative integer, got True',
+            'node "a", field splitter.routes[0].weight: must be an integer, got True',
+        ),
+        (
+            {"id": "a", "splitter": {"routes": [{"node": "b", "weight": 100}, {"node": "c", "weight": 0}]}},
+            'node "a", field splitter.routes[1].weight: must be positive, got 0',
         ),
         (
             {"id": "a", "switch": {"field": "k", "cases": [{"equals": 1, "node": "b"}], "default": "b"}},
@@ -154,7 +161,7 @@ def test_nodes_the_ingress_does_not_reach_are_rejected() -> None:
         ),
         (
             {"id": "a", "switch": {"field": "k", "cases": []}},
-            'node "a", field switch.default: must be a non-empty node',
+            'node "a", field switch.default: missing; name the node taking requests that match no case',
         ),
     ],
 )
@@ -179,7 +186,7 @@ def test_malformed_args(args: Any, expected: str) -> None:
 
 # -- the codec round trip: what the renderer writes is what the runtime reads ---------
 
-_ids = st.text(alphabet="abcdefghij0123456789-_.", min_size=1, max_size=6)
+_ids = st.from_regex(r"[a-j0-9]([a-j0-9_.-]{0,4}[a-j0-9])?", fullmatch=True)  # deployment names Ray takes
 _json_leaf = st.one_of(
     st.none(),
     st.booleans(),
@@ -244,7 +251,8 @@ def _kind(draw: st.DrawFn, earlier: list[str]) -> NodeKind:
         calls = _draw_calls(draw, len(members) + (combiner is not None), optional_from=len(members))
         return EnsembleKind(members=tuple(members), combiner=combiner, calls=calls)
     if choice == "switch":
-        cases = tuple((draw(st.text(max_size=4)), c) for c in children)
+        equals = draw(st.lists(st.text(max_size=4), min_size=len(children), max_size=len(children), unique=True))
+        cases = tuple(zip(equals, children, strict=True))
         on_header = draw(st.booleans())
         key = draw(st.text(min_size=1, max_size=5))
         return SwitchKind(

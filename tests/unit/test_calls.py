@@ -94,7 +94,7 @@ def test_invalid_options_name_application_node_and_field() -> None:
         [
             'application "app", node "ens", field ensemble.members[0].timeout_s: '
             "must be a finite number of seconds ≥ 0 (0: no timeout), got -1.0",
-            'application "app", node "ens", field ensemble.members[1].retries: 11 retries; at most 10',
+            'application "app", node "ens", field ensemble.members[1].retries: must be an integer from 0 to 10, got 11',
             'application "app", node "ens", field ensemble.combiner.optional: '
             "only an ensemble's members may be optional (the others' output is the result)",
             'application "app", node "top", field sequence.steps[0].timeout_s: '
@@ -120,12 +120,13 @@ def _args(node: dict[str, Any], **extra: Any) -> dict[str, Any]:
     ("node", "expected"),
     [
         (
-            {"id": "s", "sequence": {"steps": [{"node": "a", "timeout_s": 0}]}},
-            'node "s", field sequence.steps[0].timeout_s: must be a number of seconds > 0, got 0',
+            {"id": "s", "sequence": {"steps": [{"node": "a", "timeout_s": -1}]}},
+            'node "s", field sequence.steps[0].timeout_s: must be a finite number of seconds ≥ 0 (0: no timeout), '
+            "got -1.0",
         ),
         (
             {"id": "s", "sequence": {"steps": [{"node": "a", "timeout_s": "1"}]}},
-            "node \"s\", field sequence.steps[0].timeout_s: must be a number of seconds > 0, got '1'",
+            "node \"s\", field sequence.steps[0].timeout_s: must be a number of seconds, got '1'",
         ),
         (
             {"id": "s", "sequence": {"steps": [{"node": "a", "retries": True}]}},
@@ -145,11 +146,12 @@ def _args(node: dict[str, Any], **extra: Any) -> dict[str, Any]:
         ),
         (
             {"id": "p", "splitter": {"routes": [{"node": "a", "weight": 100, "retries": 11}]}},
-            'node "p", field splitter.routes[0].retries: must be an integer from 0 to 10, got 11',
+            # Named as in the graph schema, where a route's call options sit in its NodeRef.
+            'node "p", field splitter.routes[0].node.retries: must be an integer from 0 to 10, got 11',
         ),
         (
             {"id": "w", "switch": {"field": "k", "cases": [], "default": {"node": "a", "timeout_s": -2}}},
-            'node "w", field switch.default.timeout_s: must be a number of seconds > 0, got -2',
+            'node "w", field switch.default.timeout_s: must be a finite number of seconds ≥ 0 (0: no timeout), got -2.0',
         ),
     ],
 )
@@ -157,6 +159,11 @@ def test_the_runtime_rechecks_call_options(node: dict[str, Any], expected: str) 
     with pytest.raises(BuildError) as raised:
         decode(_args(node))
     assert any(p.startswith(expected) for p in raised.value.problems), raised.value.problems
+
+
+def test_a_timeout_of_zero_is_none_in_the_args_as_in_the_graph() -> None:
+    node = {"id": "s", "sequence": {"steps": [{"node": "a", "timeout_s": 0}]}}
+    assert decode(_args(node)).nodes[1].kind == SequenceKind(steps=("a",))
 
 
 @pytest.mark.parametrize(

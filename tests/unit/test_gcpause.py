@@ -1,4 +1,5 @@
-"""The collector pause restores what it found, even when the work raises."""
+"""The collector pause restores what it found, even when the work raises; a service's start-up
+is frozen out of the collector's way and its youngest generation collected less often."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import gc
 
 import pytest
 
-from servegraph.gcpause import gc_paused
+from servegraph.gcpause import SERVICE_THRESHOLDS, gc_paused, tune_for_service
 
 
 @gc_paused
@@ -38,3 +39,19 @@ def test_a_caller_that_disabled_the_collector_keeps_it_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_service_freezes_its_start_up_and_collects_less_often() -> None:
+    before = gc.get_threshold()
+    kept: dict[str, object] = {"start-up": []}
+    try:
+        tune_for_service()
+        assert gc.get_threshold() == SERVICE_THRESHOLDS and SERVICE_THRESHOLDS[0] > before[0]
+        assert gc.get_freeze_count() > 0
+        assert not any(kept is o for o in gc.get_objects()), "start-up objects are left out of collections"
+        later: dict[str, object] = {"after": []}
+        assert any(later is o for o in gc.get_objects()), "what comes later is collected as before"
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

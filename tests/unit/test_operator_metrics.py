@@ -68,3 +68,19 @@ async def test_the_live_graph_and_each_rollouts_outcome_through_the_reconciler()
     for name in ("servegraph_graph_info", "servegraph_graph_rollouts_total"):
         assert samples(metrics, name) == []
     assert samples(metrics, "servegraph_graph_reconcile_duration_seconds_count") == []
+
+
+async def test_a_reconcile_ending_after_its_servegraphs_deletion_brings_no_series_back() -> None:
+    """The deletion drops the series while a reconcile (and its download) is still running;
+    what that reconcile observes afterwards must not create them again."""
+    c = with_clock(Cluster())
+    metrics = c.reconciler.metrics
+    c.publish(mini("1"))
+    await c.started()
+    metrics.reconciling(KEY)  # a reconcile in flight ...
+    c.reconciler.servegraph_changed(dict(c.body), deleted=True)  # ... when the ServeGraph goes
+    metrics.observe_fetch(200, 0.2, 10)
+    metrics.observe_reconcile(KEY, "success", 0.6)
+    for name in ("servegraph_graph_fetch_duration_seconds_count", "servegraph_graph_reconcile_duration_seconds_count"):
+        assert samples(metrics, name) == [], name
+    assert samples(metrics, "servegraph_reconciles_total"), "the operator-wide series still count it"

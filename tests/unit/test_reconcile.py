@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from memory_writes import rayservice_defaults
 from reconcile_support import KEY, MINI, NAME, NS, TOKEN, URL, Cluster
 from support import SAMPLES
 
@@ -33,8 +34,11 @@ async def test_first_reconcile_applies_the_rendered_rayservice_and_says_so_once(
     )
     stored = copy.deepcopy(c.api.rayservices[KEY])
     assert stored["metadata"].pop("generation") == 1
-    assert stored["metadata"].pop("managedFields") == [{"manager": "servegraph-operator"}]
+    managers = stored["metadata"].pop("managedFields")
+    assert [(m["manager"], m["operation"]) for m in managers] == [("servegraph-operator", "Apply")]
     assert stored["metadata"].pop("resourceVersion")  # given by the API server, never sent on a create
+    assert stored["metadata"].pop("uid") and stored["metadata"].pop("creationTimestamp")
+    rayservice_defaults(expected)  # what KubeRay's schema fills in (numOfHosts, port protocols)
     assert stored == expected
     # The graph is kept for a later rollback before the RayService is applied.
     assert c.api.writes() == ["apply_configmap", "apply_rayservice", "patch_servegraph_status", "post_event"]

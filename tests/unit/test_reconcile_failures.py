@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from reconcile_support import KEY, MINI, NAME, TOKEN, Cluster
 
-from servegraph.operator import download, progress, reconcile, writer
+from servegraph.operator import download, progress, reconcile, rendering, writer
 from servegraph.operator.objectsize import MAX_RAYSERVICE_BYTES, too_large
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
@@ -50,7 +50,7 @@ STEP_FAILURES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str, str]] 
     ("download", lambda m: m.setattr(download.Downloader, "_download", fail_async), "Fetched", "FetchFailed"),
     ("ownership", lambda m: m.setattr(RayServiceWriter, "owned_live", fail_async), "Applied", "ApplyFailed"),
     ("rollout", lambda m: m.setattr(progress.Rollouts, "plan", fail_async), "Applied", "ApplyFailed"),
-    ("render", lambda m: m.setattr(reconcile, "render_rayservice", fail), "Applied", "ApplyFailed"),
+    ("render", lambda m: m.setattr(rendering, "render_rayservice", fail), "Applied", "ApplyFailed"),
     ("apply", lambda m: m.setattr(writer, "predict", fail), "Applied", "ApplyFailed"),
 ]
 
@@ -112,7 +112,7 @@ async def test_a_failing_step_is_retried_with_a_growing_delay(monkeypatch: pytes
             fourth.set()
         raise ZeroDivisionError(SECRET_TEXT)
 
-    monkeypatch.setattr(reconcile, "render_rayservice", failing_render)
+    monkeypatch.setattr(rendering, "render_rayservice", failing_render)
     c.watch_servegraph()
     worker = asyncio.create_task(run_worker(c.reconciler, c.queue))
     try:
@@ -173,7 +173,7 @@ async def test_a_rayservice_too_large_to_store_is_refused_before_any_apply_and_n
         renders.append(1)
         return real_render(*args)
 
-    monkeypatch.setattr(reconcile, "render_rayservice", counted)
+    monkeypatch.setattr(rendering, "render_rayservice", counted)
 
     c.publish(oversized_graph())
     await c.reconcile()  # no RetryLater: trying again cannot help (the rollout's deadline still runs)

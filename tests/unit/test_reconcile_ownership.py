@@ -48,7 +48,8 @@ async def test_a_rayservice_taken_over_by_hand_is_not_overwritten_by_the_next_ap
     c.publish(COMPLETE)  # a new version: a write over the RayService is due
     await retried(c)
     assert c.api.rayservices[KEY] == theirs
-    assert "apply_rayservice" not in c.api.calls
+    # The write carrying the version the operator held was refused; read, it is not ours.
+    assert rayservice_calls(c) == ["apply_rayservice", "get_rayservice"]
     assert c.condition("Applied") == ("False", "Conflict")
     assert c.condition("Ready") == ("False", "Conflict")
     applied = next(x for x in c.body["status"]["conditions"] if x["type"] == "Applied")
@@ -65,14 +66,16 @@ async def test_an_owner_changed_between_the_check_and_the_write_is_refused() -> 
     c = Cluster()
     await c.started()
     c.publish(COMPLETE)
+    c.api.kuberay_reports(NS, NAME)  # not delivered yet: the version held is stale, so the object is read
     c.api.after_read["get_rayservice"] = lambda: take_over(c, c.api.rayservices[KEY])
 
     await retried(c)
     rs = c.api.rayservices[KEY]
     assert rs["metadata"]["ownerReferences"] == [HAND_OWNER], "the hand edit stands"
     assert rs["spec"]["serveConfigV2"].count("- name:") == 1, "still mini's Serve config"
-    # The write carrying the version read was refused; read again, the object is not ours.
-    assert c.api.calls.count("apply_rayservice") == 1 and c.api.calls.count("get_rayservice") == 2
+    # The writes carrying the version held, then the version read, were refused; read again,
+    # the object is not ours.
+    assert rayservice_calls(c) == ["apply_rayservice", "get_rayservice", "apply_rayservice", "get_rayservice"]
     assert c.condition("Applied") == ("False", "Conflict")
 
 
@@ -81,23 +84,60 @@ async def test_kuberays_status_write_between_the_read_and_the_write_costs_one_mo
     c = Cluster()
     await c.started()
     c.publish(COMPLETE)
+    c.api.kuberay_reports(NS, NAME, sentiment="RUNNING")  # not delivered by the watch yet
     c.api.after_read["get_rayservice"] = lambda: c.api.kuberay_reports(NS, NAME, sentiment="RUNNING")
     await c.reconcile()
     assert c.condition("Applied") == ("True", "UpToDate")
-    assert c.api.calls.count("get_rayservice") == 2 and c.api.calls.count("apply_rayservice") == 2
+    calls = ["apply_rayservice", "get_rayservice", "apply_rayservice", "get_rayservice", "apply_rayservice"]
+    assert rayservice_calls(c) == calls
     assert c.api.rayservices[KEY]["spec"]["serveConfigV2"].count("- name:") > 1
 
 
 async def test_a_drift_repair_over_our_own_rayservice_is_written_with_its_resource_version() -> None:
+    """The version the watch delivered is the precondition: the write needs no read first."""
     c = Cluster()
     await c.started()
     rs = c.api.rayservices[KEY]
     rs["spec"]["serveConfigV2"] = "applications: []\n"
     c.api.edit(rs)
     c.watch_rayservice()
+    written = record_applies(c)
     await c.reconcile()
     assert c.api.rayservices[KEY]["spec"]["serveConfigV2"].startswith("proxy_location:")
-    assert c.api.calls == ["get_rayservice", "apply_rayservice", "post_event"]
+    assert c.api.calls == ["apply_rayservice", "post_event"]
+    assert written[0]["metadata"]["resourceVersion"] == rs["metadata"]["resourceVersion"]
+
+
+async def test_an_update_after_our_own_apply_is_written_on_its_answer_without_a_read() -> None:
+    """What our last apply answered is the version held: a new graph costs one write, no read."""
+    c = Cluster()
+    c.watch_servegraph()
+    await c.reconcile()  # created; the watch has not delivered the RayService yet
+    version = c.api.rayservices[KEY]["metadata"]["resourceVersion"]
+    c.api.calls.clear()
+    written = record_applies(c)
+    c.publish(COMPLETE)
+    await c.reconcile()
+    assert c.condition("Applied") == ("True", "UpToDate")
+    assert rayservice_calls(c) == ["apply_rayservice"]
+    assert written[0]["metadata"]["resourceVersion"] == version
+
+
+def rayservice_calls(c: Cluster) -> list[str]:
+    return [call for call in c.api.calls if call.endswith("_rayservice")]
+
+
+def record_applies(c: Cluster) -> list[dict[str, Any]]:
+    """Every RayService manifest applied from now on, as sent."""
+    written: list[dict[str, Any]] = []
+    real_apply = c.api.apply_rayservice
+
+    async def apply(manifest: Any, force: bool = True) -> dict[str, Any]:
+        written.append(copy.deepcopy(dict(manifest)))
+        return await real_apply(manifest, force)
+
+    c.api.apply_rayservice = apply  # type: ignore[method-assign]
+    return written
 
 
 # -- the rollback store's ConfigMap -----------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 from memory_api import MemoryApiServer, MemoryRegistry
 from support import SAMPLES
 
+from servegraph.names import Key
 from servegraph.operator.metrics import Metrics
 from servegraph.operator.parsing import GraphParser
 from servegraph.operator.queue import WorkQueue
@@ -47,16 +48,27 @@ def servegraph(namespace: str, name: str, uid: str = "", generation: int = 1, **
     }
 
 
+class Clock:
+    """The reconciler's monotonic time, moved by the test: no test waits out a backoff."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class World:
     """An API server, a registry, a reconciler and its queue, with helpers to act as the watches."""
 
     def __init__(self, fetcher: Callable[[FetchRequest], Awaitable[Fetched]] | None = None, **kw: Any) -> None:
         self.api = MemoryApiServer()
         self.registry = MemoryRegistry(token=TOKEN)
-        self.queue: WorkQueue[tuple[str, str]] = WorkQueue(base_delay_s=0.01)
-        self.reconciler = Reconciler(self.api, fetcher or self.registry, Metrics(), self.queue, **kw)
+        self.queue: WorkQueue[Key] = WorkQueue(base_delay_s=0.01)
+        self.clock = Clock()
+        self.reconciler = Reconciler(self.api, fetcher or self.registry, Metrics(), self.queue, clock=self.clock, **kw)
 
-    def add(self, body: dict[str, Any], graph: bytes = MINI) -> tuple[str, str]:
+    def add(self, body: dict[str, Any], graph: bytes = MINI) -> Key:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         self.api.servegraphs[key] = body
@@ -65,10 +77,10 @@ class World:
         self.reconciler.servegraph_changed(copy.deepcopy(body))
         return key
 
-    def condition(self, key: tuple[str, str], type_: str) -> dict[str, Any]:
+    def condition(self, key: Key, type_: str) -> dict[str, Any]:
         return next(c for c in self.api.servegraphs[key]["status"]["conditions"] if c["type"] == type_)
 
-    async def reconcile(self, key: tuple[str, str]) -> None:
+    async def reconcile(self, key: Key) -> None:
         with contextlib.suppress(RetryLater):
             await self.reconciler.reconcile(key)
 
@@ -247,7 +259,9 @@ async def test_an_unexpected_failure_is_a_condition_and_a_retry(failure: Excepti
     assert fetched["status"] == "False" and fetched["reason"] == "InternalError"
     assert type(failure).__name__ in fetched["message"]
     failing = False
-    await asyncio.sleep(0.05)  # past the first retry's backoff (the queue's base delay is 10 ms here)
+    await world.reconcile(key)  # an event before the retry is due: no download
+    assert world.registry.requests == [], "downloaded again before the backoff had passed"
+    world.clock.now += world.queue.min_retry_delay_s  # the earliest the queue's retry comes
     await world.reconcile(key)
     assert world.condition(key, "Fetched")["reason"] == "Downloaded", "the failed download was never tried again"
     assert (NS, "mini") in world.api.rayservices

@@ -270,7 +270,7 @@ async def test_a_rollout_in_progress_does_not_run_out_its_deadline_while_suspend
 async def test_a_rayservice_changed_between_the_read_and_the_delete_is_read_again() -> None:
     c, _ = await serving()
     # KubeRay writes its status just after the operator's read: the delete's precondition fails once.
-    c.api.after_read["get_rayservice"] = lambda: c.api.edit(c.api.rayservices[KEY], "ray-operator")
+    c.api.after_read["get_rayservice"] = lambda: c.api.kuberay_reports(NS, NAME, sentiment="RUNNING")
     set_spec(c, suspend=True)
     await c.reconcile()
     assert c.api.calls.count("get_rayservice") == 2 and c.api.calls.count("delete_rayservice") == 2

@@ -138,11 +138,18 @@ def test_serve_accepts_build_as_an_application_builder() -> None:
             "node \"n\", field deployment.import_path: 'sg_user:bound': is a bound Application (the result of "
             ".bind()); point it at the deployment, class or function",
         ),
-        ("sg_user", "node \"n\", field deployment.import_path: 'sg_user': must look like 'module.path:Attribute'"),
     ],
 )
 def test_import_problems_say_what_is_missing(import_path: str, expected: str) -> None:
     assert build_error([dep("n", import_path)], "n") == [expected]
+
+
+def test_a_path_of_no_module_is_refused_before_anything_is_imported() -> None:
+    """By the rules the validator shares (dag/rules.py): the builder never tries `sg_user`."""
+    problems = build_error([dep("n", "sg_user")], "n")
+    assert (
+        problems[0] == "node \"n\", field deployment.import_path: 'sg_user' is not of the form 'module.path:attribute'"
+    )
 
 
 def test_arguments_must_fit_the_constructor() -> None:

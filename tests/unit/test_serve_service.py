@@ -121,4 +121,5 @@ async def test_an_allowed_node_port_reaches_the_rayservice() -> None:
     template = {"spec": {"type": "NodePort", "ports": [{"name": "serve", "port": 8000, "nodePort": 30080}]}}
     c.body["spec"]["rayService"] = {"serveService": template}
     await c.started()
-    assert c.api.rayservices[KEY]["spec"]["serveService"] == template
+    stored = c.api.rayservices[KEY]["spec"]["serveService"]  # as stored: the schema defaults the protocol
+    assert stored == {"spec": {**template["spec"], "ports": [{**template["spec"]["ports"][0], "protocol": "TCP"}]}}

@@ -158,7 +158,7 @@ def test_switch_and_splitter_edges_autoscaling_and_a_shared_node() -> None:
         "Graph as deployed:\n"
         "app  /app  NOT REPORTED\n"
         "  NODE                         KIND                     STATE  REPLICAS\n"
-        "  split                        splitter                        want 1\n"
+        "  split                        splitter 90/10                  want 1\n"
         "  ├─ sw [90%]                  switch on header x-kind         want 1\n"
         "  │  ├─ a [= 'x'] (retries 2)  pkg.mod:A                       want 1\n"
         "  │  └─ b [default]            pkg.mod:B                       want 1..4\n"

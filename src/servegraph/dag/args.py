@@ -26,8 +26,8 @@ from servegraph.dag.nodeargs import (
     Problems,
     decode_node,
     encode_node,
-    refs,
 )
+from servegraph.dag.rules import refs
 
 __all__ = [
     "BUILDER",

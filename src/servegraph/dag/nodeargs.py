@@ -6,12 +6,13 @@ is written as the child's id, or, when the graph says how to call it, as a mappi
 `{node, timeout_s, retries, optional}` with only the keys that differ from a plain
 call: graphs without call options render exactly as before, so upgrading servegraph
 does not change (and make KubeRay re-push) the serveConfigV2 of a running graph.
-Standard library only: this runs in the Ray image.
+Decoding checks only what the args' own format can get wrong (a type, a key); what a
+node may say is `servegraph.dag.rules`, the validator's rules too. Standard library
+only: this runs in the Ray image.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from servegraph.dag.model import (
     SplitterKind,
     SwitchKind,
 )
+from servegraph.dag.rules import node_problems
 
 ROUTER_KINDS = ("sequence", "ensemble", "switch", "splitter")
 NODE_KINDS = ("deployment", *ROUTER_KINDS)
@@ -52,29 +54,12 @@ class Problems:
                 self.add(f"{where}: unknown key {key!r} (expected one of {', '.join(sorted(allowed))})")
 
     def node_id(self, where: str, value: Any) -> str | None:
-        if isinstance(value, str) and value:
+        """A node id as the args can get it wrong: not a string. Whether it names a node is
+        the rules' (an empty one is their "empty node reference")."""
+        if isinstance(value, str):
             return value
-        self.add(f"{where}: must be a non-empty node id, got {value!r}")
+        self.add(f"{where}: must be a node id (a string), got {value!r}")
         return None
-
-
-def refs(kind: NodeKind) -> list[tuple[str, str]]:
-    """(field in the args, node id) of each edge, in declaration order (the order of a
-    router's `calls`), for messages that name the field."""
-    match kind:
-        case DeploymentKind():
-            out = [(f"deployment.args[{i}].node", a.node) for i, a in enumerate(kind.args) if isinstance(a, NodeRef)]
-            return out + [(f"deployment.kwargs.{k}.node", a.node) for k, a in kind.kwargs if isinstance(a, NodeRef)]
-        case SequenceKind():
-            return [(f"sequence.steps[{i}]", s) for i, s in enumerate(kind.steps)]
-        case EnsembleKind():
-            out = [(f"ensemble.members[{i}]", m) for i, m in enumerate(kind.members)]
-            return out + ([("ensemble.combiner", kind.combiner)] if kind.combiner is not None else [])
-        case SwitchKind():
-            out = [(f"switch.cases[{i}].node", n) for i, (_, n) in enumerate(kind.cases)]
-            return [*out, ("switch.default", kind.default)]
-        case SplitterKind():
-            return [(f"splitter.routes[{i}].node", n) for i, (n, _) in enumerate(kind.routes)]
 
 
 # -- encoding: the renderer's side ------------------------------------------------
@@ -154,43 +139,44 @@ def decode_node(p: Problems, where: str, raw: Any) -> Node | None:
         return None
     before = len(p.problems)
     kind = _DECODERS[name](p, where, body)
+    # The rules judge the kind once it reads: a part the args got wrong is left out of it,
+    # and judging what is left would only add noise (a sum without the unreadable weight).
+    for field, problem in node_problems(node_id, kind if len(p.problems) == before else None):
+        p.add(f"{where}, field {field}: {problem}" if field else f"{where}: {problem}")
     return Node(id=node_id, kind=kind) if len(p.problems) == before else None
 
 
-def decode_call(p: Problems, where: str, raw: Mapping[str, Any], *, optional_allowed: bool = False) -> Call:
-    """The call options of one edge (`where` names it); problems for values the runtime cannot honour."""
+def decode_call(p: Problems, where: str, raw: Mapping[str, Any]) -> Call:
+    """The call options of one edge (`where` names it), as the graph schema has them: a
+    timeout of 0 is none. Their values are the rules' to judge."""
     timeout = raw.get("timeout_s")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf
-    ):
-        p.add(f"{where}.timeout_s: must be a number of seconds > 0, got {timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+        p.add(f"{where}.timeout_s: must be a number of seconds, got {timeout!r}")
         timeout = None
     retries = raw.get("retries", 0)
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+    if isinstance(retries, bool) or not isinstance(retries, int):
         p.add(f"{where}.retries: must be an integer from 0 to {MAX_RETRIES}, got {retries!r}")
         retries = 0
     optional = raw.get("optional", False)
     if not isinstance(optional, bool):
         p.add(f"{where}.optional: must be true or false, got {optional!r}")
         optional = False
-    elif optional and not optional_allowed:
-        p.add(f"{where}.optional: only an ensemble's members may be optional")
-    return Call(timeout_s=None if timeout is None else float(timeout), retries=retries, optional=optional)
+    return Call(timeout_s=float(timeout) if timeout else None, retries=retries, optional=optional)
 
 
-def _decode_edge(p: Problems, where: str, raw: Any, *, optional_allowed: bool = False) -> tuple[str | None, Call]:
+def _decode_edge(p: Problems, where: str, raw: Any) -> tuple[str | None, Call]:
     """An edge: a node id, or a mapping of the node id and its call options."""
     if not isinstance(raw, Mapping):
         return p.node_id(where, raw), DEFAULT_CALL
     p.unknown_keys(where, raw, {"node", *CALL_KEYS})
-    return p.node_id(f"{where}.node", raw.get("node")), decode_call(p, where, raw, optional_allowed=optional_allowed)
+    return p.node_id(f"{where}.node", raw.get("node")), decode_call(p, where, raw)
 
 
 def _decode_deployment(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind:
     p.unknown_keys(f"{where}, field deployment", body, {"import_path", "args", "kwargs"})
-    import_path = body.get("import_path")
-    if not isinstance(import_path, str) or not import_path:
-        p.add(f"{where}, field deployment.import_path: must be a non-empty 'module:attribute' string")
+    import_path = body.get("import_path", "")
+    if not isinstance(import_path, str):
+        p.add(f"{where}, field deployment.import_path: must be a 'module.path:attribute' string, got {import_path!r}")
         import_path = ""
     raw_args = body.get("args", [])
     raw_kwargs = body.get("kwargs", {})
@@ -207,10 +193,10 @@ def _decode_deployment(p: Problems, where: str, body: Mapping[str, Any]) -> Node
         p.add(f"{where}, field deployment.kwargs: must be a mapping")
     else:
         for k, a in raw_kwargs.items():
-            if not isinstance(k, str) or not k.isidentifier():
-                p.add(f"{where}, field deployment.kwargs: {k!r} is not a valid keyword argument name")
+            if not isinstance(k, str):
+                p.add(f"{where}, field deployment.kwargs: {k!r} is not a keyword argument name (a string)")
                 continue
-            arg = _decode_argument(p, f"{where}, field deployment.kwargs.{k}", a)
+            arg = _decode_argument(p, f"{where}, field deployment.kwargs[{k!r}]", a)
             if arg is not None:
                 kwargs.append((k, arg))
     return DeploymentKind(import_path=import_path, args=tuple(args), kwargs=tuple(kwargs))
@@ -227,28 +213,24 @@ def _decode_argument(p: Problems, where: str, raw: Any) -> Argument | None:
     return None
 
 
-def _edge_list(
-    p: Problems, where: str, raw: Any, *, optional_allowed: bool = False
-) -> tuple[tuple[str, ...], list[Call]]:
-    if not isinstance(raw, list) or not raw:
-        p.add(f"{where}: must be a non-empty list of node ids")
+def _edge_list(p: Problems, where: str, raw: Any) -> tuple[tuple[str, ...], list[Call]]:
+    if not isinstance(raw, list):
+        p.add(f"{where}: must be a list of node ids")
         return (), []
-    edges = [_decode_edge(p, f"{where}[{i}]", v, optional_allowed=optional_allowed) for i, v in enumerate(raw)]
+    edges = [_decode_edge(p, f"{where}[{i}]", v) for i, v in enumerate(raw)]
     kept = [(i, c) for i, c in edges if i is not None]
     return tuple(i for i, _ in kept), [c for _, c in kept]
 
 
 def _decode_sequence(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind:
     p.unknown_keys(f"{where}, field sequence", body, {"steps"})
-    steps, calls = _edge_list(p, f"{where}, field sequence.steps", body.get("steps"))
+    steps, calls = _edge_list(p, f"{where}, field sequence.steps", body.get("steps", []))
     return SequenceKind(steps=steps, calls=tuple(calls))
 
 
 def _decode_ensemble(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind:
     p.unknown_keys(f"{where}, field ensemble", body, {"members", "combiner"})
-    members, calls = _edge_list(p, f"{where}, field ensemble.members", body.get("members"), optional_allowed=True)
-    if len(set(members)) != len(members):
-        p.add(f"{where}, field ensemble.members: a member is listed twice (results are keyed by member id)")
+    members, calls = _edge_list(p, f"{where}, field ensemble.members", body.get("members", []))
     combiner = None
     if body.get("combiner") is not None:
         combiner, call = _decode_edge(p, f"{where}, field ensemble.combiner", body["combiner"])
@@ -259,11 +241,9 @@ def _decode_ensemble(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKi
 def _decode_switch(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind:
     p.unknown_keys(f"{where}, field switch", body, {"field", "header", "cases", "default"})
     field, header = body.get("field"), body.get("header")
-    if (field is None) == (header is None):
-        p.add(f"{where}, field switch: must have exactly one of field, header")
     for name, value in (("field", field), ("header", header)):
-        if value is not None and (not isinstance(value, str) or not value):
-            p.add(f"{where}, field switch.{name}: must be a non-empty string")
+        if value is not None and not isinstance(value, str):
+            p.add(f"{where}, field switch.{name}: must be a string, got {value!r}")
     cases: list[tuple[str, str]] = []
     calls: list[Call] = []
     raw_cases = body.get("cases", [])
@@ -284,23 +264,26 @@ def _decode_switch(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind
         if isinstance(equals, str) and target is not None:
             cases.append((equals, target))
             calls.append(call)
-    default, call = _decode_edge(p, f"{where}, field switch.default", body.get("default"))
+    raw_default = body.get("default")
+    default, call = (
+        ("", DEFAULT_CALL) if raw_default is None else _decode_edge(p, f"{where}, field switch.default", raw_default)
+    )
     return SwitchKind(
         cases=tuple(cases),
         default=default or "",
         field=field if isinstance(field, str) else None,
-        header=header if isinstance(header, str) else None,
+        header=header.lower() if isinstance(header, str) else None,  # as the validator keeps it
         calls=(*calls, call),
     )
 
 
 def _decode_splitter(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind:
     p.unknown_keys(f"{where}, field splitter", body, {"routes"})
-    raw_routes = body.get("routes")
+    raw_routes = body.get("routes", [])
     routes: list[tuple[str, int]] = []
     calls: list[Call] = []
-    if not isinstance(raw_routes, list) or not raw_routes:
-        p.add(f"{where}, field splitter.routes: must be a non-empty list")
+    if not isinstance(raw_routes, list):
+        p.add(f"{where}, field splitter.routes: must be a list")
         raw_routes = []
     for i, route in enumerate(raw_routes):
         rw = f"{where}, field splitter.routes[{i}]"
@@ -311,14 +294,11 @@ def _decode_splitter(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKi
         target = p.node_id(f"{rw}.node", route.get("node"))
         weight = route.get("weight")
         call = decode_call(p, rw, route)
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
-            p.add(f"{rw}.weight: must be a non-negative integer, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            p.add(f"{rw}.weight: must be an integer, got {weight!r}")
         elif target is not None:
             routes.append((target, weight))
             calls.append(call)
-    total = sum(w for _, w in routes)
-    if len(routes) == len(raw_routes) and routes and total != 100:
-        p.add(f"{where}, field splitter.routes: weights must sum to 100, got {total}")
     return SplitterKind(routes=tuple(routes), calls=tuple(calls))
 
 

@@ -1,31 +1,27 @@
 """One node of a graph message to the model: kind, arguments, resources, scaling, options.
 
-Split from `validate` so each reads on its own: this module knows what a node
-may say; `validate` knows how nodes make applications and applications a graph.
-Problems are collected, never raised, so the validator can report all of them.
+Split from `validate` so each reads on its own: this module reads a node message;
+`validate` knows how nodes make applications and applications a graph. What a node's
+kind may say is `servegraph.dag.rules`, shared with the runtime's reader of the Serve
+config: here are only the checks of what the model does not hold (argument values,
+call options on a handle, resources, scaling). Problems are collected, never raised,
+so the validator can report all of them.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from google.protobuf import struct_pb2
 
 from servegraph.dag import model
+from servegraph.dag.rules import node_problems
 from servegraph.graph.errors import Problem, where
 from servegraph.v1 import graph_pb2
 
-NODE_ID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
-"""A deployment name Ray accepts: also the rule for application names."""
-# `module.path:attr` or `module.attr`: the language of `ident(\.ident)*[:.]ident[\w.]*`,
-# which on a failing match tries every split of the dots (32 KB took 7 s; 16 MB, hours).
-_IMPORT_PATH = re.compile(
-    r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_.]*|(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_.]*)$"
-)
 _RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 _MAX_SAFE_INT = 2**53
 MAX_STRING = 64 * 1024
@@ -54,12 +50,9 @@ def to_node(
     def bad(field: str | None, message: str) -> None:
         add(Problem(where(app=app, node=node_id, field=field), message))
 
-    if not NODE_ID.fullmatch(node_id):
-        bad(
-            None,
-            "id is not a deployment name Ray accepts here: 1-63 letters, digits, '-', '_' or '.' (no '#'), starting and ending with a letter or digit",
-        )
     kind = _kind(msg, bad, budget)
+    for field, problem in node_problems(node_id, kind):
+        bad(field, problem)
     resources = _resources(msg.resources, bad)
     num_replicas, autoscaling = _scaling(msg.scaling, bad)
     # Read each timing once: every field access on a protobuf message builds a new object.
@@ -119,60 +112,34 @@ def _kind(msg: graph_pb2.Node, bad: Bad, budget: Budget) -> model.NodeKind | Non
         return None
     if which == "deployment":
         d = msg.deployment
-        if len(d.import_path) > 1024:
-            bad("deployment.import_path", f"{len(d.import_path)} characters, over the limit of 1024")
-        elif not _IMPORT_PATH.fullmatch(d.import_path):
-            bad(
-                "deployment.import_path",
-                f"{d.import_path!r} is not of the form 'module.path:attribute'",
-            )
         args = tuple([_argument(a, "deployment.args", i, bad, budget) for i, a in enumerate(d.args)])
         kwargs: tuple[tuple[str, model.Argument], ...] = ()
         if d.kwargs:
             given = d.kwargs
             kwargs = tuple([(k, _argument(given[k], "deployment.kwargs", k, bad, budget)) for k in sorted(given)])
-            for k, _ in kwargs:
-                if not k.isidentifier():
-                    bad(f"deployment.kwargs[{k!r}]", "not a Python identifier")
         return model.DeploymentKind(import_path=d.import_path, args=args, kwargs=kwargs)
     if which == "sequence":
-        steps = [_edge(r, f"sequence.steps[{i}]", bad) for i, r in enumerate(msg.sequence.steps)]
-        if not steps:
-            bad("sequence.steps", "a sequence needs at least one step")
+        steps = [_edge(r) for r in msg.sequence.steps]
         return model.SequenceKind(steps=tuple(i for i, _ in steps), calls=tuple(c for _, c in steps))
     if which == "ensemble":
         e = msg.ensemble
-        edges = [_edge(r, f"ensemble.members[{i}]", bad, optional_allowed=True) for i, r in enumerate(e.members)]
+        edges = [_edge(r) for r in e.members]
         members = tuple(i for i, _ in edges)
-        if not members:
-            bad("ensemble.members", "an ensemble needs at least one member")
-        if len(set(members)) != len(members):
-            bad("ensemble.members", "a member is listed twice")
         combiner = None
         if e.HasField("combiner"):
-            combiner, call = _edge(e.combiner, "ensemble.combiner", bad)
+            combiner, call = _edge(e.combiner)
             edges.append((combiner, call))
-        if combiner is not None and combiner in members:
-            bad("ensemble.combiner", f'"{combiner}" is also a member')
         return model.EnsembleKind(members=members, combiner=combiner, calls=tuple(c for _, c in edges))
     if which == "switch":
         s = msg.switch
         on = s.WhichOneof("on")
-        if on is None or not getattr(s, on):
-            bad("switch", "set `field` (a JSON body key) or `header` to route on")
         cases = []
         calls = []
-        seen: set[str] = set()
-        for i, c in enumerate(s.cases):
-            if c.equals in seen:
-                bad(f"switch.cases[{i}].equals", f"{c.equals!r} appears in an earlier case")
-            seen.add(c.equals)
-            target, call = _edge(c.node, f"switch.cases[{i}].node", bad)
+        for c in s.cases:
+            target, call = _edge(c.node)
             cases.append((c.equals, target))
             calls.append(call)
-        if not s.HasField("default"):
-            bad("switch.default", "missing; name the node taking requests that match no case")
-        default, call = _edge(s.default, "switch.default", bad) if s.HasField("default") else ("", model.DEFAULT_CALL)
+        default, call = _edge(s.default) if s.HasField("default") else ("", model.DEFAULT_CALL)
         return model.SwitchKind(
             cases=tuple(cases),
             default=default,
@@ -180,34 +147,14 @@ def _kind(msg: graph_pb2.Node, bad: Bad, budget: Budget) -> model.NodeKind | Non
             header=s.header.lower() if on == "header" else None,
             calls=(*calls, call),
         )
-    s_msg = msg.splitter
-    split = [(_edge(r.node, f"splitter.routes[{i}].node", bad), r.weight) for i, r in enumerate(s_msg.routes)]
+    split = [(_edge(r.node), r.weight) for r in msg.splitter.routes]
     routes = tuple((target, weight) for (target, _), weight in split)
-    if not routes:
-        bad("splitter.routes", "a splitter needs at least one route")
-    for i, (_, weight) in enumerate(routes):
-        if weight == 0:
-            bad(f"splitter.routes[{i}].weight", "must be positive")
-    total = sum(w for _, w in routes)
-    if routes and total != 100:
-        bad("splitter.routes", f"weights sum to {total}, not 100")
-    if len({n for n, _ in routes}) != len(routes):
-        bad("splitter.routes", "a node is listed twice")
     return model.SplitterKind(routes=routes, calls=tuple(call for (_, call), _ in split))
 
 
-def _edge(ref: graph_pb2.NodeRef, field: str, bad: Bad, *, optional_allowed: bool = False) -> tuple[str, model.Call]:
-    """A router's child: its id and how the router calls it."""
-    if not ref.id:
-        bad(field, "empty node reference")
+def _edge(ref: graph_pb2.NodeRef) -> tuple[str, model.Call]:
+    """A router's child: its id and how the router calls it (a timeout of 0 is none)."""
     timeout, retries, optional = ref.timeout_s, ref.retries, ref.optional
-    if not finite_non_negative(timeout):
-        bad(f"{field}.timeout_s", f"must be a finite number of seconds ≥ 0 (0: no timeout), got {timeout}")
-        timeout = 0.0
-    if retries > model.MAX_RETRIES:
-        bad(f"{field}.retries", f"{retries} retries; at most {model.MAX_RETRIES}")
-    if optional and not optional_allowed:
-        bad(f"{field}.optional", "only an ensemble's members may be optional (the others' output is the result)")
     if not (timeout or retries or optional):
         return ref.id, model.DEFAULT_CALL
     return ref.id, _shared_call(timeout or None, retries, optional)
@@ -226,8 +173,6 @@ def _argument(arg: graph_pb2.Argument, prefix: str, key: int | str, bad: Bad, bu
     if which == "node":
         ref = arg.node
         node = ref.id
-        if not node:
-            bad(f"{prefix}[{key!r}].node", "empty node reference")
         if ref.timeout_s or ref.retries or ref.optional:
             _no_call_options(ref, f"{prefix}[{key!r}].node", bad)
         return _shared_ref(node)

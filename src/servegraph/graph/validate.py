@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servegraph.dag import model
+from servegraph.dag.rules import NODE_ID
 from servegraph.gcpause import gc_paused
 from servegraph.graph import placement
 from servegraph.graph.errors import GraphError, Problem, where
-from servegraph.graph.nodes import MAX_STRING, NODE_ID, Budget, finite_non_negative, to_node
+from servegraph.graph.nodes import MAX_STRING, Budget, finite_non_negative, to_node
 from servegraph.graph.workers import plan_worker_groups
 from servegraph.v1 import graph_pb2
 

@@ -22,12 +22,13 @@ from aiohttp import web
 
 from servegraph import __version__
 from servegraph.kube import KubeClient, KubeError, connect
-from servegraph.names import FIELD_MANAGER, LEASE_NAME, OPERATOR_NAMESPACE
+from servegraph.kube.reviews import Reviews
+from servegraph.names import FIELD_MANAGER, LEASE_NAME, OPERATOR_NAMESPACE, Key
 from servegraph.operator import secrets
-from servegraph.operator.cache import Key
 from servegraph.operator.events_endpoint import events_app
 from servegraph.operator.leader import LeaderElector, LeaseConfig
 from servegraph.operator.metrics import Metrics
+from servegraph.operator.metrics_auth import MetricsGuard
 from servegraph.operator.parsing import GraphParser, default_workers
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler
@@ -67,6 +68,8 @@ class Options:
     """Graph parse processes; 0: `parsing.default_workers()`, from the CPU limit."""
     shard: Shard = field(default_factory=Shard)
     """Which ServeGraphs this instance owns (operator/sharding.py); default: all."""
+    metrics_auth: bool = False
+    """/metrics only for bearer tokens the API server authorizes (operator/metrics_auth.py)."""
 
 
 @dataclass
@@ -147,13 +150,19 @@ class Operator:
         await self.kube.api.close()
 
 
-def health_app(metrics: Metrics) -> web.Application:
-    """/healthz and /readyz for the kubelet, /metrics for Prometheus."""
+def health_app(metrics: Metrics, guard: MetricsGuard | None = None) -> web.Application:
+    """/healthz and /readyz for the kubelet (open: they say nothing), /metrics for
+    Prometheus (behind `guard` when there is one)."""
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def scrape(_: web.Request) -> web.Response:
+    async def scrape(request: web.Request) -> web.Response:
+        if guard is not None:
+            status, reason = await guard.check(request.headers.get("Authorization"), request.path)
+            if status != 200:
+                headers = {"WWW-Authenticate": 'Bearer realm="servegraph"'} if status == 401 else None
+                return web.Response(status=status, text=reason + "\n", headers=headers)
         return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
 
     app = web.Application()
@@ -241,7 +250,9 @@ async def start(options: Options) -> Operator:
     if shard.sharded:
         log.info("shard: ServeGraphs selected by %r, lease %s", shard.selector(), options.lease_name)
     operator = Operator(options, reconciler, queue, registry, parser, kube, metrics)
-    runner, operator.ports["health"] = await _serve(health_app(metrics), options.health_host, options.health_port)
+    guard = MetricsGuard(Reviews(api).may_get) if options.metrics_auth else None
+    app = health_app(metrics, guard)
+    runner, operator.ports["health"] = await _serve(app, options.health_host, options.health_port)
     operator.runners.append(runner)
     if options.events_host is not None:
         token = EventsToken(kube, options.events_token_secret)

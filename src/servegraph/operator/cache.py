@@ -21,14 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.dag.model import Graph
+from servegraph.names import Key
 from servegraph.operator.drift import Desired, Live
 from servegraph.operator.spec import Source
 from servegraph.operator.status import GoodGraph
-
-Key = tuple[str, str]
-"""(namespace, name) of a ServeGraph."""
-ObjectKey = tuple[str, str]
-"""(namespace, name) of a Secret or RayService."""
 
 
 class Unseen:
@@ -79,10 +75,16 @@ class WatchCache:
         self._memory: dict[Key, Memory] = {}
         # None: deleted (kept only while a ServeGraph claims the name). Missing: never
         # delivered, or deleted unclaimed (read once by the reconcile).
-        self._rayservices: dict[ObjectKey, Live | None] = {}
+        self._rayservices: dict[Key, Live | None] = {}
         # RayService → the ServeGraph that renders it: two ServeGraphs naming one
         # RayService must not take turns writing it.
-        self._claims: dict[ObjectKey, Key] = {}
+        self._claims: dict[Key, Key] = {}
+        self._claimed: dict[Key, set[Key]] = {}  # the same, by ServeGraph: no scan of every claim per reconcile
+        self.rayservices_complete = False
+        """Whether the watch delivers every RayService (not only ours), and delivered each once
+        before any ServeGraph (handlers.py: kopf's index): then one missing here is absent."""
+        # Forgotten after a write found them other than recorded: read again, not taken as absent.
+        self._unread: set[Key] = set()
         # Valid graphs by sha256 of their bytes. The model is immutable, so ServeGraphs that
         # download the same bytes (one graph in many namespaces) share one model and one
         # parse; it is freed with the last ServeGraph that holds it.
@@ -99,8 +101,9 @@ class WatchCache:
     def forget_servegraph(self, key: Key) -> None:
         self._bodies.pop(key, None)
         self._memory.pop(key, None)
-        for rayservice in [rs for rs, owner in self._claims.items() if owner == key]:
+        for rayservice in self._claimed.pop(key, ()):
             del self._claims[rayservice]
+            self._unread.discard(rayservice)
             if self._rayservices.get(rayservice, UNSEEN) is None:
                 del self._rayservices[rayservice]
 
@@ -126,28 +129,39 @@ class WatchCache:
 
     # -- RayServices --------------------------------------------------------------------
 
-    def put_rayservice(self, rayservice: ObjectKey, live: Live | None) -> None:
+    def put_rayservice(self, rayservice: Key, live: Live | None) -> None:
         """What a reconcile needs of a RayService; None once it is deleted (if claimed)."""
+        self._unread.discard(rayservice)
         if live is None and rayservice not in self._claims:
             self._rayservices.pop(rayservice, None)
         else:
             self._rayservices[rayservice] = live
 
-    def rayservice(self, rayservice: ObjectKey) -> Live | Unseen | None:
+    def rayservice(self, rayservice: Key) -> Live | Unseen | None:
         return self._rayservices.get(rayservice, UNSEEN)
 
-    def forget_rayservice(self, rayservice: ObjectKey) -> None:
+    def forget_rayservice(self, rayservice: Key) -> None:
         """Read it again next time (an apply found it other than the cache said)."""
         self._rayservices.pop(rayservice, None)
+        self._unread.add(rayservice)
 
-    def claim(self, rayservice: ObjectKey, key: Key) -> Key | None:
+    def absent(self, rayservice: Key) -> bool:
+        """Whether a RayService the watch never delivered is known not to exist (no read needed)."""
+        return self.rayservices_complete and rayservice not in self._unread and rayservice not in self._rayservices
+
+    def claim(self, rayservice: Key, key: Key) -> Key | None:
         """Claim a RayService name for a ServeGraph; returns the other ServeGraph that holds it, if one does."""
         holder = self._claims.get(rayservice)
         if holder is not None and holder != key and holder in self._bodies:
             return holder
-        for other in [rs for rs, owner in self._claims.items() if owner == key and rs != rayservice]:
+        mine = self._claimed.setdefault(key, set())
+        for other in [rs for rs in mine if rs != rayservice]:
+            mine.discard(other)
             del self._claims[other]  # the ServeGraph now renders another name
+        if holder is not None and holder != key:  # its ServeGraph is gone
+            self._claimed.get(holder, set()).discard(rayservice)
         self._claims[rayservice] = key
+        mine.add(rayservice)
         return None
 
     def sizes(self) -> dict[str, int]:

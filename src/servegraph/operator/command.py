@@ -101,6 +101,13 @@ def add_arguments(subparsers: Any) -> None:
         help="comma-separated Service types a ServeGraph's serveService may have besides ClusterIP: "
         "NodePort, LoadBalancer (default: none)",
     )
+    p.add_argument(
+        "--metrics-auth",
+        choices=["none", "kubernetes"],
+        default="none",
+        help="kubernetes: /metrics answers only bearer tokens the API server authenticates (TokenReview) and "
+        "authorizes for get on /metrics (SubjectAccessReview); the shipped manifests set it",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -202,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         fetches_per_namespace=args.fetches_per_namespace,
         serve_service_types=serve_service_types,
         parse_workers=args.parse_workers,
+        metrics_auth=args.metrics_auth == "kubernetes",
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("servegraph").setLevel(logging.INFO)

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-TYPES = ("Fetched", "GraphValid", "Applied", "Ready")
+from servegraph.names import ConditionType
+
 MAX_MESSAGE = 4096
 
 
 @dataclass(frozen=True)
 class Condition:
     type: str
+    """A ConditionType. Typed str while reconcile, download and writer still pass literals."""
     status: bool | None  # None is "Unknown"
     reason: str
     message: str
@@ -30,7 +32,8 @@ def _status_word(status: bool | None) -> str:
 def merge(
     current: Sequence[dict[str, Any]], updates: Sequence[Condition], generation: int, now: str
 ) -> list[dict[str, Any]]:
-    """New conditions list: updated ones replace, others stay, fixed order by TYPES."""
+    """New conditions list: updated ones replace, others stay; ours in ConditionType's
+    order, then any other controller added, by type."""
     by_type = {c["type"]: dict(c) for c in current}
     for u in updates:
         old = by_type.get(u.type)
@@ -38,14 +41,14 @@ def merge(
         message = u.message if len(u.message) <= MAX_MESSAGE else u.message[: MAX_MESSAGE - 1] + "…"
         changed = old is None or old.get("status") != word
         by_type[u.type] = {
-            "type": u.type,
+            "type": str(u.type),  # the plain string: a status is dumped as YAML and JSON
             "status": word,
             "reason": u.reason,
             "message": message,
             "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
             "observedGeneration": generation,
         }
-    order = {t: i for i, t in enumerate(TYPES)}
+    order = {t.value: i for i, t in enumerate(ConditionType)}
     return sorted(by_type.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
+from servegraph.names import ConditionType, Key
 from servegraph.operator import store
 from servegraph.operator.cache import Memory, WatchCache
 from servegraph.operator.conditions import Condition
@@ -54,6 +55,7 @@ class Downloader:
         cache: WatchCache,
         min_retry_delay_s: float,
         unexpected: Callable[[Exception], None] = lambda exc: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fetcher = fetcher
         self.parser = parser
@@ -64,12 +66,14 @@ class Downloader:
         self.min_retry_delay_s = min_retry_delay_s
         self.unexpected = unexpected
         """Told of each failure nobody foresaw (the reconciler counts it in a metric)."""
+        self.clock = clock
+        """Monotonic seconds for polls and retries (a test moves its own)."""
 
     async def run(
-        self, key: tuple[str, str], memory: Memory, source: Source, refresh: str | None, out: Outcome
+        self, key: Key, memory: Memory, source: Source, refresh: str | None, out: Outcome
     ) -> None:
         state = memory.fetch
-        now = time.monotonic()
+        now = self.clock()
         etag = state.etag if state.source == source and memory.good is not None else None
         state.source, state.refresh, state.force = source, refresh, False
         if source.poll_interval_s:
@@ -83,29 +87,31 @@ class Downloader:
             # Retried on the queue's backoff; events arriving before its earliest retry do
             # not fetch. Counted from the failure (a download with retries outlasts that),
             # and never past the retry: a retry that skipped the fetch would be the last.
-            state.retry_at = time.monotonic() + self.min_retry_delay_s
+            state.retry_at = self.clock() + self.min_retry_delay_s
             out.retry = True
             return
         state.retry_at = 0.0
         if got.not_modified:
-            out.fetched = Condition("Fetched", True, "NotModified", f"{got.url} has not changed (ETag {got.etag})")
+            out.fetched = Condition(
+                ConditionType.FETCHED, True, "NotModified", f"{got.url} has not changed (ETag {got.etag})"
+            )
             return
         if source.sha256 and got.digest != source.sha256:
             # Neither the digest nor the size of what answered: with both, the status would
             # let a tenant brute-force a small secret an internal endpoint returns.
             out.fetched = Condition(
-                "Fetched",
+                ConditionType.FETCHED,
                 False,
                 "DigestMismatch",
                 f"{got.url} served content that does not match the pinned sha256 {source.sha256}",
             )
             state.etag = None
             return
-        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded from {got.url}")
+        out.fetched = Condition(ConditionType.FETCHED, True, "Downloaded", f"downloaded from {got.url}")
         try:
             graph = self.cache.graph(got.digest) or await self.parser(got.body, self._max_bytes(source))
         except GraphError as exc:  # not a graph: its size stays unsaid, as its digest
-            out.valid = Condition("GraphValid", False, "InvalidGraph", _problems(exc))
+            out.valid = Condition(ConditionType.GRAPH_VALID, False, "InvalidGraph", _problems(exc))
             state.etag = None  # revalidate the next download in full
             return
         if memory.good is None or got.digest != memory.good.digest:
@@ -115,9 +121,13 @@ class Downloader:
         self.cache.share_graph(got.digest, graph)
         memory.good, state.etag = GoodGraph(graph, got.digest), got.etag
         memory.good_bytes = got.body if len(got.body) <= store.BUDGET else None  # kept for rollback
-        out.fetched = Condition("Fetched", True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}")
+        out.fetched = Condition(
+            ConditionType.FETCHED, True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}"
+        )
         summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
-        out.valid = Condition("GraphValid", True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}")
+        out.valid = Condition(
+            ConditionType.GRAPH_VALID, True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}"
+        )
 
     def _max_bytes(self, source: Source) -> int:
         return self.limits.clamp(source.timeout_s, source.max_bytes)[1]
@@ -159,20 +169,20 @@ class Downloader:
         return None
 
 
-def _failure(key: tuple[str, str], exc: Exception) -> Condition:
+def _failure(key: Key, exc: Exception) -> Condition:
     """The Fetched condition for any failure; the unexpected ones are logged for the administrator."""
     if isinstance(exc, FetchError):
         if exc.detail != str(exc):
             log.info("[%s/%s] download failed: %s", *key, exc.detail)
-        return Condition("Fetched", False, exc.reason, str(exc))
+        return Condition(ConditionType.FETCHED, False, exc.reason, str(exc))
     if isinstance(exc, SecretError):
         reason = exc.reason if exc.reason.startswith("CABundle") else f"Secret{exc.reason}"
-        return Condition("Fetched", False, reason, str(exc))
+        return Condition(ConditionType.FETCHED, False, reason, str(exc))
     if isinstance(exc, KubeError):
-        return Condition("Fetched", False, f"Secret{exc.reason}", str(exc))
+        return Condition(ConditionType.FETCHED, False, f"Secret{exc.reason}", str(exc))
     log.error("[%s/%s] unexpected %s while downloading", *key, type(exc).__name__, exc_info=exc)
     return Condition(
-        "Fetched",
+        ConditionType.FETCHED,
         False,
         "InternalError",
         f"unexpected {type(exc).__name__} while downloading; the operator's log has the details",

@@ -70,6 +70,9 @@ class Live:
     """The object itself, only while it was not compared (start-up): compared on first use."""
     deleting: bool = False
     """Deleted, waiting for KubeRay's finalizer (it removes the Ray clusters first)."""
+    resource_version: str | None = None
+    """The version this record was made from: a write carrying it lands only on that object
+    (ownership.apply_owned), so what was decided from this record still holds."""
 
 
 def live_record(body: Mapping[str, Any], matched: MatchKey | None, compared: bool = True) -> Live:
@@ -77,23 +80,7 @@ def live_record(body: Mapping[str, Any], matched: MatchKey | None, compared: boo
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    owner = next(
-        (
-            Owner(str(o.get("kind", "")), str(o.get("name", "")), str(o.get("uid", "")))
-            for o in meta.get("ownerReferences") or ()
-            if o.get("controller")
-        ),
-        None,
-    )
-    managers = tuple(
-        sorted(
-            {
-                str(m["manager"])
-                for m in meta.get("managedFields") or ()
-                if m.get("manager") and not m.get("subresource")  # who wrote it, not KubeRay's status
-            }
-        )
-    )
+    owner, managers = _whose(meta)
     return Live(
         matched,
         mirror_applications(body),
@@ -107,7 +94,34 @@ def live_record(body: Mapping[str, Any], matched: MatchKey | None, compared: boo
         serve_config=spec.get("serveConfigV2") or "",
         raw=None if compared else dict(body),
         deleting=bool(meta.get("deletionTimestamp")),
+        resource_version=str(meta["resourceVersion"]) if meta.get("resourceVersion") else None,
     )
+
+
+def stranger(body: Mapping[str, Any]) -> Live:
+    """What is kept of a RayService no ServeGraph renders (no graph label, no ServeGraph owner):
+    that it exists and whose it is, enough to refuse it as a `conflict` without reading it."""
+    meta = body.get("metadata") or {}
+    owner, managers = _whose(meta)
+    version = str(meta["resourceVersion"]) if meta.get("resourceVersion") else None
+    deleting = bool(meta.get("deletionTimestamp"))
+    return Live(None, {}, owner=owner, managers=managers, deleting=deleting, resource_version=version)
+
+
+def _whose(meta: Mapping[str, Any]) -> tuple[Owner | None, tuple[str, ...]]:
+    """The controller owner reference, and the field managers that wrote the object (not KubeRay's status)."""
+    owner = next(
+        (
+            Owner(str(o.get("kind", "")), str(o.get("name", "")), str(o.get("uid", "")))
+            for o in meta.get("ownerReferences") or ()
+            if o.get("controller")
+        ),
+        None,
+    )
+    managers = {
+        str(m["manager"]) for m in meta.get("managedFields") or () if m.get("manager") and not m.get("subresource")
+    }
+    return owner, tuple(sorted(managers))
 
 
 def live_of(body: Mapping[str, Any], desired: Desired | None) -> Live:

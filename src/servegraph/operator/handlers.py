@@ -2,8 +2,8 @@
 
 Every watch handler just tells the reconciler what changed; the reconcile runs
 on the work queue. Handlers are `async def` on purpose: kopf runs sync handlers
-in threads, and the reconciler's caches and queue belong to the event loop. kopf stores no state on our objects (only `on.event`
-handlers, no finalizers, no annotations), so deleting a ServeGraph never waits
+in threads, and the reconciler's caches and queue belong to the event loop. kopf stores no state on our objects (`on.event`
+handlers and an index that keeps nothing, no finalizers, no annotations), so deleting a ServeGraph never waits
 for the operator and a quiet cluster sees no writes from it.
 
 There is no Secret watch: RBAC cannot narrow one to the Secrets ServeGraphs name, so
@@ -18,7 +18,8 @@ from typing import Any
 
 import kopf
 
-from servegraph.names import GRAPH_LABEL, GROUP, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
+from servegraph import gcpause
+from servegraph.names import GROUP, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
 from servegraph.operator import app, kopf_settings
 
 
@@ -33,6 +34,9 @@ async def startup(
 ) -> None:
     kopf_settings.configure(settings, memo.options.shard.selector())
     memo.operator = await app.start(memo.options)
+    # rayservice_index below: every RayService is delivered once before any ServeGraph is.
+    memo.operator.reconciler.cache.rayservices_complete = True
+    gcpause.tune_for_service()
     logger.info("servegraph operator started")
 
 
@@ -52,6 +56,20 @@ async def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     memo.operator.reconciler.servegraph_changed(body, deleted=gone)
 
 
-@kopf.on.event(RAY_GROUP, RAY_VERSION, RAY_PLURAL, labels={GRAPH_LABEL: kopf.PRESENT})
+@kopf.index(RAY_GROUP, RAY_VERSION, RAY_PLURAL)
+async def rayservice_index(body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Every RayService, ours or not, as listed and then as it changes (not as deleted: below).
+
+    An index handler, though it indexes nothing (None is not stored): kopf runs no other
+    handler, no ServeGraph's, until every RayService its lists found has been through one.
+    So the reconciler has seen every RayService that exists before its first reconcile, and
+    creates one it never saw without reading it first (`WatchCache.rayservices_complete`);
+    someone else's is known to be theirs (a `Conflict`) from its record.
+    """
+    memo.operator.reconciler.rayservice_changed(dict(body))
+
+
+@kopf.on.event(RAY_GROUP, RAY_VERSION, RAY_PLURAL)
 async def rayservice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    memo.operator.reconciler.rayservice_changed(event["object"], deleted=event["type"] == "DELETED")
+    if event["type"] == "DELETED":  # kopf calls no index handler for a deletion
+        memo.operator.reconciler.rayservice_changed(event["object"], deleted=True)

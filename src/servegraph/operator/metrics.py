@@ -18,8 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-Key = tuple[str, str]
-"""(namespace, name) of a ServeGraph."""
+from servegraph.names import Key
 
 PER_GRAPH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Few buckets: these histograms have a series per ServeGraph."""
@@ -69,6 +68,7 @@ class _GraphInfoCollector(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._exists: Callable[[Key], bool] = lambda _key: True
         r = self.registry
         self.reconciles = Counter("servegraph_reconciles_total", "Reconciles by result", ["result"], registry=r)
         self.reconcile_seconds = Histogram(
@@ -121,7 +121,8 @@ class Metrics:
         _reconciling.set(None)
         self.reconciles.labels(result).inc()
         self.reconcile_seconds.labels(result).observe(seconds)
-        self.graph_reconcile_seconds.labels(*key).observe(seconds)
+        if self._exists(key):  # deleted meanwhile: `forget` dropped its series, keep them dropped
+            self.graph_reconcile_seconds.labels(*key).observe(seconds)
 
     def internal_error(self, step: str, exc: BaseException) -> None:
         """A reconcile step (reconcile.STEPS) failed with an exception of no known kind."""
@@ -135,7 +136,7 @@ class Metrics:
         if n_bytes:
             self.fetch_bytes.inc(n_bytes)
         key = _reconciling.get()
-        if key is not None:
+        if key is not None and self._exists(key):
             self.graph_fetch_seconds.labels(*key).observe(seconds)
 
     def observe_status(self, key: Key, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
@@ -170,6 +171,12 @@ class Metrics:
 
     def watch_conditions(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self.registry.register(_ConditionCollector(snapshot))
+
+    def watch_servegraphs(self, exists: Callable[[Key], bool]) -> None:
+        """Per-ServeGraph series only for ServeGraphs that still exist: a reconcile or a
+        download that ends after its ServeGraph's deletion would otherwise bring back the
+        series `forget` dropped, for ever (a leak per deleted ServeGraph)."""
+        self._exists = exists
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

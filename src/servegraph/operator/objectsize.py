@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from servegraph.names import ConditionType
 from servegraph.operator.conditions import Condition
 
 MAX_RAYSERVICE_BYTES = 1_468_006  # 1.4 MiB of compact JSON
@@ -33,7 +34,7 @@ def too_large(name: str, size: int, limit: int = MAX_RAYSERVICE_BYTES) -> Condit
     if size <= limit:
         return None
     return Condition(
-        "Applied",
+        ConditionType.APPLIED,
         False,
         "RenderTooLarge",
         f"the rendered RayService {name} is {size:,} bytes of JSON, over the {limit:,} bytes the API server "

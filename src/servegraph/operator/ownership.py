@@ -1,13 +1,17 @@
 """Writing a RayService only while it is this ServeGraph's, decided on the object written.
 
 The watch cannot be trusted with ownership: a RayService whose label was removed by
-hand is no longer delivered, so the record kept of it says "ours" for ever. So before
-writing over an existing RayService it is read, its controller checked
-(`drift.conflict`), and the forced apply carries that read's resourceVersion: the API
-server refuses the write (409) if anyone changed the object in between, so the check
-and the write are one atomic step. One believed absent is created without force: one
-made meanwhile by someone else answers 409. Deleting (spec.suspend) is decided the same
-way: on the object as read, the delete carrying its uid and resourceVersion as preconditions.
+hand is no longer delivered, so the record kept of it says "ours" for ever. So a write
+over an existing RayService carries the resourceVersion of the object its controller was
+checked on (`drift.conflict`): the API server refuses the write (409) if anyone changed
+the object since, so the check and the write are one atomic step. The check is made on
+the record the caller already holds when it has one (what our last apply answered, or
+what the watch delivered since), so an update costs no read; when that version is stale
+(KubeRay's status writes move it too, and a hand edit the watch never delivers) the write
+is refused, and the caller reads the object and decides again. One believed absent is
+created without force: one made meanwhile by someone else answers 409. Deleting
+(spec.suspend) is decided the same way: on the object as read, the delete carrying its
+uid and resourceVersion as preconditions.
 """
 
 from __future__ import annotations
@@ -35,13 +39,23 @@ class NotOurs(Exception):
         self.reason = reason
 
 
-async def apply_owned(api: RayServiceApi, manifest: Mapping[str, Any], owner_uid: str, exists: bool) -> dict[str, Any]:
+async def apply_owned(
+    api: RayServiceApi, manifest: Mapping[str, Any], owner_uid: str, exists: bool, known: Live | None = None
+) -> dict[str, Any]:
     """Apply `manifest` for the ServeGraph `owner_uid`; the object as the API server returns it.
 
-    Raises NotOurs for a RayService another controller (or nobody) controls, and KubeError
-    409 when it changed between the read and the write (read it again and decide again).
+    `known`: the record of the existing object the caller holds; with its resourceVersion,
+    ownership is decided on it and the object is not read. Raises NotOurs for a RayService
+    another controller (or nobody) controls, and KubeError 409 when it changed between the
+    version decided on and the write (read it again and decide again).
     """
     meta = manifest["metadata"]
+    if exists and known is not None and known.resource_version is not None:
+        reason = conflict(known, meta["namespace"], meta["name"], owner_uid)
+        if reason is not None:
+            raise NotOurs(known, reason)
+        manifest = {**manifest, "metadata": {**meta, "resourceVersion": known.resource_version}}
+        return await api.apply_rayservice(manifest, force=True)
     if exists:
         current = await api.get_rayservice(meta["namespace"], meta["name"])
         if current is not None:

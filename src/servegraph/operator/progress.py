@@ -16,6 +16,7 @@ from typing import Any
 
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
+from servegraph.names import ConditionType
 from servegraph.operator import store, suspension
 from servegraph.operator.blockers import blocking_problem
 from servegraph.operator.cache import Memory
@@ -100,7 +101,7 @@ class Rollouts:
         target = await self._graph(memory, ns, name, decision.target, out)
         if decision.target is not None and target is None and not out.retry:
             out.applied = Condition(
-                "Applied",
+                ConditionType.APPLIED,
                 False,
                 "GraphUnavailable",
                 f"the graph {decision.target[:12]} to run is neither downloaded nor kept; "
@@ -118,7 +119,7 @@ class Rollouts:
         try:
             kept = await store.load(self.api, ns, name)
         except KubeError as exc:
-            out.applied = Condition("Applied", False, "ReadFailed", f"cannot read the kept graphs: {exc}")
+            out.applied = Condition(ConditionType.APPLIED, False, "ReadFailed", f"cannot read the kept graphs: {exc}")
             out.retry = True
             return None
         data = kept.get(digest)

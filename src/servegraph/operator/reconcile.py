@@ -20,35 +20,30 @@ of that transition, `servegraph_internal_errors_total` and a retry with backoff.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
-from servegraph.graph import GraphError
 from servegraph.kube import KubeError
-from servegraph.names import GROUP, KIND, REFRESH_ANNOTATION, SPEC_HASH_ANNOTATION
-from servegraph.operator import conditions, suspension
+from servegraph.names import GRAPH_LABEL, GROUP, KIND, REFRESH_ANNOTATION, ConditionType, Key
+from servegraph.operator import conditions, rendering, suspension
 from servegraph.operator import restart as restarts
-from servegraph.operator.cache import Key, Memory, WatchCache
+from servegraph.operator.cache import Memory, WatchCache
 from servegraph.operator.conditions import Condition
 from servegraph.operator.download import Downloader, needs_fetch
-from servegraph.operator.drift import Desired, Live, live_of
+from servegraph.operator.drift import Desired, Live, live_of, stranger
 from servegraph.operator.edges import ApiServer, Fetcher, Parser
 from servegraph.operator.metrics import Metrics
-from servegraph.operator.objectsize import manifest_bytes
 from servegraph.operator.parsing import parse_here
 from servegraph.operator.progress import Rollouts
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.rollout import Decision
 from servegraph.operator.secrets import SecretCache
 from servegraph.operator.slots import NamespaceSlots
-from servegraph.operator.spec import ServeGraphSpec, SpecError, owner_reference, parse_spec
+from servegraph.operator.spec import ServeGraphSpec, SpecError, parse_spec
 from servegraph.operator.status import Event, GoodGraph, Observed, Outcome, report
 from servegraph.operator.writer import RayServiceWriter
-from servegraph.render import render_rayservice
 from servegraph.render.rayservice import rayservice_name
 from servegraph.source import Limits
 
@@ -61,12 +56,12 @@ class RetryLater(Exception):
 
 # Each step of a reconcile: the condition its unexpected exception is reported in, and what it was doing.
 STEPS = {
-    "spec": ("Fetched", "reading the spec"),
-    "download": ("Fetched", "downloading"),
-    "ownership": ("Applied", "checking who owns the RayService"),
-    "rollout": ("Applied", "planning the rollout"),
-    "render": ("Applied", "rendering the RayService"),
-    "apply": ("Applied", "applying the RayService"),
+    "spec": (ConditionType.FETCHED, "reading the spec"),
+    "download": (ConditionType.FETCHED, "downloading"),
+    "ownership": (ConditionType.APPLIED, "checking who owns the RayService"),
+    "rollout": (ConditionType.APPLIED, "planning the rollout"),
+    "render": (ConditionType.APPLIED, "rendering the RayService"),
+    "apply": (ConditionType.APPLIED, "applying the RayService"),
     "status": ("", "writing the status"),
 }
 
@@ -86,8 +81,12 @@ class Reconciler:
         secret_ttl_s: float = 10.0,
         serve_service_types: frozenset[str] = frozenset(),
         owns: Callable[[Mapping[str, Any]], bool] = lambda _: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
+        self.clock = clock
+        """Monotonic seconds for polls, retries and the Secret cache (a test moves its own);
+        a reconcile's duration is measured on the real clock."""
         self.owns = owns
         """Whether a ServeGraph is this shard's (`sharding.Shard.owns`): checked with `_current`."""
         self.serve_service_types = serve_service_types
@@ -95,7 +94,7 @@ class Reconciler:
         self.metrics = metrics
         self.queue = queue
         self.cache = cache or WatchCache()
-        self.secrets = SecretCache(api.read_secret_data, ttl_s=secret_ttl_s)
+        self.secrets = SecretCache(api.read_secret_data, ttl_s=secret_ttl_s, clock=clock)
         self.slots = NamespaceSlots(fetches_per_namespace, queue.add)
         self.downloader = Downloader(
             fetcher,
@@ -106,10 +105,12 @@ class Reconciler:
             self.cache,
             queue.min_retry_delay_s,
             unexpected=lambda exc: metrics.internal_error("download", exc),
+            clock=clock,
         )
         self.rollouts = Rollouts(api, parser, metrics)
         self.writer = RayServiceWriter(api, self.cache, metrics)
         metrics.watch_conditions(self.cache.condition_pairs)
+        metrics.watch_servegraphs(lambda key: self.cache.body(key) is not None)
 
     # -- triggers: each only records what changed and queues the key -------------
 
@@ -125,17 +126,22 @@ class Reconciler:
         self.queue.add(key)
 
     def rayservice_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        """A labelled RayService changed or vanished: repair drift, mirror status."""
+        """A RayService changed or vanished: repair drift, mirror status. One no ServeGraph
+        renders (no graph label, no ServeGraph owner) is only recorded: whose it is."""
         meta = body.get("metadata") or {}
         namespace = meta.get("namespace", "")
+        where = (namespace, meta.get("name", ""))
         owners = [
             (namespace, o.get("name", ""))
             for o in meta.get("ownerReferences") or ()
             if o.get("kind") == KIND and o.get("apiVersion", "").startswith(f"{GROUP}/")
         ]
+        if not owners and GRAPH_LABEL not in (meta.get("labels") or {}):
+            self.cache.put_rayservice(where, None if deleted else stranger(body))
+            return
         memory = self.cache.peek_memory(owners[0]) if owners else None
         desired = memory.desired if memory is not None else None
-        self.cache.put_rayservice((namespace, meta.get("name", "")), None if deleted else live_of(body, desired))
+        self.cache.put_rayservice(where, None if deleted else live_of(body, desired))
         for key in owners:
             if self.cache.body(key) is not None:
                 self.queue.add(key)
@@ -187,7 +193,7 @@ class Reconciler:
             spec = parse_spec(body.get("spec") or {}, namespace, self.serve_service_types)
         except Exception as exc:
             if isinstance(exc, SpecError):
-                out.fetched = Condition("Fetched", False, "InvalidSpec", str(exc))
+                out.fetched = Condition(ConditionType.FETCHED, False, "InvalidSpec", str(exc))
             else:
                 self._unexpected(key, "spec", exc, out)
             await self._write_status(
@@ -201,7 +207,7 @@ class Reconciler:
             return None  # no poll while suspended
 
         refresh = (body["metadata"].get("annotations") or {}).get(REFRESH_ANNOTATION)
-        if needs_fetch(memory, spec.source, refresh, time.monotonic()):
+        if needs_fetch(memory, spec.source, refresh, self.clock()):
             if self.slots.acquire(key):
                 try:
                     await self.downloader.run(key, memory, spec.source, refresh, out)
@@ -226,7 +232,9 @@ class Reconciler:
                 deleting = live is not None and live.deleting  # after a suspend: created again once gone
                 if deleting:
                     live = None
-                    out.applied = Condition("Applied", None, "WaitingForDeletion", f"RayService {rs_name} is deleting")
+                    out.applied = Condition(
+                        ConditionType.APPLIED, None, "WaitingForDeletion", f"RayService {rs_name} is deleting"
+                    )
                 if clash is None and not out.retry:
                     step = "rollout"
                     target, decision = await self.rollouts.plan(
@@ -245,7 +253,7 @@ class Reconciler:
                         spec.ray_service.get("upgradeStrategy"),
                         live.cluster if live is not None else None,
                     )
-                    desired = await self._desired(memory, target, spec, body, live, out, restart.value)
+                    desired = await rendering.desired(memory, target, spec, body, live, out, restart.value)
                 if desired is not None:
                     if live is not None and live.raw is not None:  # seen before anything was desired
                         live = live_of(live.raw, desired)
@@ -259,7 +267,9 @@ class Reconciler:
             except Exception as exc:
                 self._unexpected(key, step, exc, out)
         if memory.good is None and target is None and out.applied is None:
-            out.applied = Condition("Applied", False, "NoValidGraph", "no valid graph has been downloaded yet")
+            out.applied = Condition(
+                ConditionType.APPLIED, False, "NoValidGraph", "no valid graph has been downloaded yet"
+            )
         for cond in (out.fetched, out.valid, out.applied, out.progressing):
             if cond is not None:
                 memory.computed_for[cond.type] = spec.source
@@ -281,50 +291,14 @@ class Reconciler:
             raise RetryLater
         delays = [decision.seconds_to_deadline(self.rollouts.clock())] if decision is not None else []
         if spec.source.poll_interval_s:
-            delays.append(max(0.0, memory.fetch.poll_due - time.monotonic()))
+            delays.append(max(0.0, memory.fetch.poll_due - self.clock()))
         known = [d for d in delays if d is not None]
         return min(known) if known else None
-
-    async def _desired(
-        self,
-        memory: Memory,
-        good: GoodGraph,
-        spec: ServeGraphSpec,
-        body: Mapping[str, Any],
-        live: Live | None,
-        out: Outcome,
-        restart: str | None = None,
-    ) -> Desired | None:
-        """The rendered RayService, re-rendered only when the graph, the spec or the running
-        cluster's worker groups changed (status updates and KubeRay's writes trigger many
-        reconciles that change none of them). Rendered in a thread: a 10,000-node graph
-        takes a tenth of a second of CPU."""
-        meta = body["metadata"]
-        previous = live.cluster if live is not None else None
-        groups = tuple(g.get("groupName") for g in (previous or {}).get("workerGroupSpecs") or ())
-        # The restart annotation is metadata: changing it moves no generation.
-        render_key = (good.digest, meta.get("uid"), meta.get("generation"), groups, restart)
-        if memory.desired is None or memory.desired.render_key != render_key:
-            options = replace(
-                spec.rayservice_options(meta["name"], meta["namespace"], owner_reference(body)),
-                previous_cluster=previous,
-                restarted_at=restart,
-            )
-            try:
-                manifest = await asyncio.to_thread(render_rayservice, good.graph, options)
-            except GraphError as exc:
-                # The graph is valid, but not in the pods this spec asks for (a replica bigger
-                # than the overridden worker): the spec must change, so no retry; what runs stays.
-                out.applied = Condition("Applied", False, "PodsTooSmall", str(exc))
-                return None
-            match_key = (manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
-            memory.desired = Desired(manifest, render_key, match_key, await asyncio.to_thread(manifest_bytes, manifest))
-        return memory.desired
 
     async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
         """spec.suspend (operator/suspension.py): delete the RayService, keep the rest, download nothing."""
         out = Outcome()
-        suspension.hold_polls(memory.fetch, spec.source, time.monotonic())
+        suspension.hold_polls(memory.fetch, spec.source, self.clock())
         memory.desired = None  # rendered again from the kept graph on resume
         rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
         live = clash = None
@@ -377,7 +351,7 @@ class Reconciler:
         if out is None:
             return
         cond = Condition(STEPS[step][0], False, "InternalError", _internal(exc, step))
-        out.fetched, out.applied = (cond, out.applied) if cond.type == "Fetched" else (out.fetched, cond)
+        out.fetched, out.applied = (cond, out.applied) if cond.type == ConditionType.FETCHED else (out.fetched, cond)
         out.retry = True
 
     async def _event(self, body: dict[str, Any], event: Event, now: str) -> None:

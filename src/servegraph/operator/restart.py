@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from servegraph.names import RESTARTED_AT_ANNOTATION
+from servegraph.names import RESTARTED_AT_ANNOTATION, ConditionType
 from servegraph.operator.conditions import Condition
 
 MAX_VALUE = 128
@@ -52,12 +52,12 @@ def decide(annotations: Mapping[str, str], strategy: str | None, live_cluster: M
             f"the {RESTARTED_AT_ANNOTATION} annotation is {len(requested)} characters long, at most {MAX_VALUE}: "
             "give a time, as `servegraph restart` does (e.g. 2026-01-02T03:04:05Z)"
         )
-        return Restart(running, Condition("Applied", False, REFUSED, why))
+        return Restart(running, Condition(ConditionType.APPLIED, False, REFUSED, why))
     if live_cluster is not None and strategy == "None":
         why = (
             f"restart {requested!r} ({RESTARTED_AT_ANNOTATION}) not done: with spec.rayService.upgradeStrategy None "
             "KubeRay never replaces a running Ray cluster; remove upgradeStrategy (or set NewCluster) to restart "
             "without downtime, or remove the annotation"
         )
-        return Restart(running, Condition("Applied", False, REFUSED, why))
+        return Restart(running, Condition(ConditionType.APPLIED, False, REFUSED, why))
     return Restart(requested)

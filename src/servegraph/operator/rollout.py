@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servegraph.names import ConditionType
 from servegraph.operator.conditions import Condition
 
 PROGRESSING, SERVING, SUPERSEDED, FAILED, ROLLED_BACK = "Progressing", "Serving", "Superseded", "Failed", "RolledBack"
@@ -123,7 +124,7 @@ def decide(
     wanted, why = _wanted(spec, candidate, history, rollout)
     if wanted is None:
         if why:
-            d.progressing = Condition("Progressing", False, "PinUnavailable", why)
+            d.progressing = Condition(ConditionType.PROGRESSING, False, "PinUnavailable", why)
         return _trim(d, spec)
     if rollout is None or rollout["digest"] != wanted.digest:
         _start(d, spec, wanted, now, cause=why)
@@ -147,7 +148,7 @@ def decide(
             _finish(d, now)
         elif rollout.get("cause") == "rollback":
             d.progressing = Condition(
-                "Progressing",
+                ConditionType.PROGRESSING,
                 True,
                 "RollingBack",
                 f"rolling back to version {rollout['version']!r} ({_short(wanted.digest)}) "
@@ -155,7 +156,7 @@ def decide(
             )
         else:
             d.progressing = Condition(
-                "Progressing",
+                ConditionType.PROGRESSING,
                 True,
                 "RollingOut",
                 f"rolling out version {rollout['version']!r} ({_short(wanted.digest)})" + _waiting_on(health),
@@ -216,9 +217,8 @@ def _start(d: Decision, spec: RolloutSpec, wanted: Candidate, now: float, cause:
             "outcome": PROGRESSING,
         },
     )
-    d.progressing = Condition(
-        "Progressing", True, "RollingOut", f"rolling out version {wanted.version!r} ({_short(wanted.digest)})"
-    )
+    what = f"rolling out version {wanted.version!r} ({_short(wanted.digest)})"
+    d.progressing = Condition(ConditionType.PROGRESSING, True, "RollingOut", what)
 
 
 def _failure(rollout: Mapping[str, Any], health: Health | None, now: float) -> tuple[str, str] | None:
@@ -312,7 +312,7 @@ def _fail(d: Decision, spec: RolloutSpec, failure: tuple[str, str], kept: Sequen
         _start(d, spec, Candidate(last_good["digest"], last_good["version"], last_good.get("source", "")), now, "")
         d.rollout["cause"], d.rollout["from"] = "rollback", bad["digest"]
         d.progressing = Condition(
-            "Progressing",
+            ConditionType.PROGRESSING,
             False,
             "RolledBack",
             f"version {bad['version']!r} failed ({reason}: {message}); rolled back to version {last_good['version']!r}",
@@ -326,7 +326,7 @@ def _fail(d: Decision, spec: RolloutSpec, failure: tuple[str, str], kept: Sequen
     bad["message"] = f"{reason}: {message}"[:MAX_MESSAGE]
     d.outcome = FAILED
     d.events.append(("Warning", "RolloutFailed", f"version {bad['version']!r} failed ({reason}: {message}); {why}"))
-    d.progressing = Condition("Progressing", False, reason, f"{message}; {why}"[:MAX_MESSAGE])
+    d.progressing = Condition(ConditionType.PROGRESSING, False, reason, f"{message}; {why}"[:MAX_MESSAGE])
 
 
 def _no_rollback_reason(
@@ -347,13 +347,13 @@ def _settled_condition(rollout: Mapping[str, Any]) -> Condition:
     if rollout["phase"] == SERVING:
         if rollout.get("cause") == "rollback":
             return Condition(
-                "Progressing",
+                ConditionType.PROGRESSING,
                 False,
                 "RolledBack",
                 f"rolled back to version {rollout['version']!r} ({_short(rollout['digest'])}), which is Ready",
             )
-        return Condition("Progressing", True, "Complete", f"version {rollout['version']!r} is Ready")
-    return Condition("Progressing", False, rollout.get("phase", FAILED), rollout.get("message", ""))
+        return Condition(ConditionType.PROGRESSING, True, "Complete", f"version {rollout['version']!r} is Ready")
+    return Condition(ConditionType.PROGRESSING, False, rollout.get("phase", FAILED), rollout.get("message", ""))
 
 
 def _last_ready(history: list[dict[str, Any]], exclude: str) -> dict[str, Any] | None:

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servegraph.names import Key
+
 
 class SecretError(Exception):
     """A referenced Secret cannot give its value; `reason` is a CamelCase word for conditions."""
@@ -33,7 +35,7 @@ class SecretKeyRef:
     key: str
 
     @property
-    def secret(self) -> tuple[str, str]:
+    def secret(self) -> Key:
         """(namespace, name): what the Secret cache is keyed by."""
         return self.namespace, self.name
 
@@ -84,7 +86,7 @@ class SecretCache:
         self._read = read
         self.ttl_s = ttl_s
         self._clock = clock
-        self._data: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+        self._data: dict[Key, tuple[float, dict[str, str]]] = {}
 
     async def get(self, namespace: str, name: str) -> tuple[dict[str, str], bool]:
         """The Secret's data, and whether it was just read (False: from the cache)."""

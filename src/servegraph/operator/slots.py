@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-Key = tuple[str, str]
+from servegraph.names import Key
 
 
 class NamespaceSlots:

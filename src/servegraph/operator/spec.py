@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servegraph.names import API_VERSION, GRAPH_LABEL, KIND
+from servegraph.names import API_VERSION, GRAPH_LABEL, KIND, Key
 from servegraph.operator import secrets, serve_service
 from servegraph.operator.rollout import RolloutSpec
 from servegraph.operator.secrets import SecretKeyRef
@@ -61,7 +61,7 @@ class Source:
     timeout_s: float = 30.0
     max_bytes: int = 16 * 1024 * 1024
 
-    def secrets(self) -> frozenset[tuple[str, str]]:
+    def secrets(self) -> frozenset[Key]:
         """(namespace, name) of every Secret a download reads: the ones worth watching."""
         refs = [self.token, self.ca_secret]
         return frozenset(r.secret for r in refs if r is not None)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.dag.model import Graph
+from servegraph.names import ConditionType
 from servegraph.operator import conditions
 from servegraph.operator.blockers import (
     NO_APPLICATION,
@@ -31,7 +32,11 @@ from servegraph.operator.conditions import Condition
 
 RUNNING = "RUNNING"
 # The Warning event posted when a condition turns False, by condition type.
-WARNINGS = {"Fetched": "FetchFailed", "GraphValid": "InvalidGraph", "Applied": "ApplyFailed"}
+WARNINGS = {
+    ConditionType.FETCHED: "FetchFailed",
+    ConditionType.GRAPH_VALID: "InvalidGraph",
+    ConditionType.APPLIED: "ApplyFailed",
+}
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,9 @@ class Observed:
     history: list[dict[str, Any]] | None = None
     conflict: str | None = None
     """Why the RayService of that name is not this ServeGraph's to write (drift.conflict), or None."""
-    still_current: frozenset[str] = frozenset({"Fetched", "GraphValid", "Applied", "Progressing"})
+    still_current: frozenset[str] = frozenset(
+        {ConditionType.FETCHED, ConditionType.GRAPH_VALID, ConditionType.APPLIED, ConditionType.PROGRESSING}
+    )
     """The conditions this reconcile did not recompute that still answer for this generation:
     the source they were computed for is the one the spec names now. The others (a new URL,
     pin or token whose download failed or has not run yet, an invalid spec) keep the
@@ -111,10 +118,10 @@ def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str
     current = old.get("conditions") or []
     updates = []
     for cond, type_ in (
-        (out.fetched, "Fetched"),
-        (out.valid, "GraphValid"),
-        (out.applied, "Applied"),
-        (out.progressing, "Progressing"),
+        (out.fetched, ConditionType.FETCHED),
+        (out.valid, ConditionType.GRAPH_VALID),
+        (out.applied, ConditionType.APPLIED),
+        (out.progressing, ConditionType.PROGRESSING),
     ):
         if cond is not None:
             updates.append(cond)
@@ -123,7 +130,7 @@ def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str
             updates.append(Condition(type_, _bool(prev["status"]), prev["reason"], prev["message"]))
     good = observed.good
     if observed.conflict is not None:
-        updates.append(Condition("Ready", False, "Conflict", observed.conflict))
+        updates.append(Condition(ConditionType.READY, False, "Conflict", observed.conflict))
     elif observed.suspended is not None:
         updates.append(observed.suspended)
     elif observed.rayservice is not None or good is None:
@@ -258,15 +265,15 @@ def ready_condition(
     """Ready only when every application of the graph is RUNNING; otherwise why not, the first
     blocking problem Ray or KubeRay names leading the message."""
     if graph is None:
-        return Condition("Ready", False, "NoValidGraph", "no valid graph has been applied yet")
+        return Condition(ConditionType.READY, False, "NoValidGraph", "no valid graph has been applied yet")
     if not exists:
-        return Condition("Ready", False, "RayServiceMissing", "the RayService does not exist yet")
+        return Condition(ConditionType.READY, False, "RayServiceMissing", "the RayService does not exist yet")
     expected = [a.name for a in graph.applications]
     if upgrade:
         statuses = ", ".join(f"{a}: {s}" for a, s in upgrade["applications"].items()) or "no application status yet"
         why = blocking_problem({}, pending, expected)
         return Condition(
-            "Ready",
+            ConditionType.READY,
             False,
             "UpgradeInProgress",
             f"KubeRay is starting Ray cluster {upgrade['pendingRayCluster'] or '(pending)'} for this version "
@@ -280,15 +287,19 @@ def ready_condition(
         apps = pending.get("applications") or {}
         if apps:
             summary = _not_running(expected, apps) or "every application RUNNING; KubeRay has not switched to it yet"
-            return Condition("Ready", False, "ApplicationsNotRunning", f"{starting}: {summary}")
-        return Condition("Ready", False, "WaitingForApplications", f"{starting}: {NO_APPLICATION}; {POD_HINT}")
+            return Condition(ConditionType.READY, False, "ApplicationsNotRunning", f"{starting}: {summary}")
+        return Condition(
+            ConditionType.READY, False, "WaitingForApplications", f"{starting}: {NO_APPLICATION}; {POD_HINT}"
+        )
     if len(missing) == len(expected):
-        return Condition("Ready", False, "WaitingForApplications", "KubeRay reports no application status yet")
+        return Condition(
+            ConditionType.READY, False, "WaitingForApplications", "KubeRay reports no application status yet"
+        )
     summary = _not_running(expected, applications)
     if summary:
-        return Condition("Ready", False, "ApplicationsNotRunning", summary)
+        return Condition(ConditionType.READY, False, "ApplicationsNotRunning", summary)
     return Condition(
-        "Ready", True, "AllApplicationsRunning", f"{len(expected)} of {len(expected)} applications RUNNING"
+        ConditionType.READY, True, "AllApplicationsRunning", f"{len(expected)} of {len(expected)} applications RUNNING"
     )
 
 

@@ -22,7 +22,8 @@ from dataclasses import replace
 from typing import Any
 
 from servegraph.kube import KubeError
-from servegraph.operator.cache import FetchState, Key, WatchCache
+from servegraph.names import ConditionType, Key
+from servegraph.operator.cache import FetchState, WatchCache
 from servegraph.operator.conditions import Condition
 from servegraph.operator.drift import Live
 from servegraph.operator.edges import ApiServer
@@ -81,11 +82,13 @@ async def remove(
         try:
             deleted = await delete_owned(api, key[0], name, body["metadata"]["uid"])
         except NotOurs as exc:
-            out.applied = Condition("Applied", False, "Conflict", exc.reason)
+            out.applied = Condition(ConditionType.APPLIED, False, "Conflict", exc.reason)
         except KubeError as exc:
             if exc.status == 409 and attempt + 1 < DELETE_ATTEMPTS:
                 continue  # changed since it was read (KubeRay's status): read it again, decide again
-            out.applied = Condition("Applied", False, "Conflict" if exc.status == 409 else "DeleteFailed", str(exc))
+            out.applied = Condition(
+                ConditionType.APPLIED, False, "Conflict" if exc.status == 409 else "DeleteFailed", str(exc)
+            )
         else:
             if deleted:
                 cache.put_rayservice((key[0], name), replace(live, deleting=True))  # the watch will say so too
@@ -116,16 +119,16 @@ def report(
             what = f"RayService {rs_name} is being deleted: KubeRay removes its Ray cluster"
         else:
             what = f"RayService {rs_name} is deleted: no Ray cluster runs"
-        out.applied = Condition("Applied", True, SUSPENDED, what)
+        out.applied = Condition(ConditionType.APPLIED, True, SUSPENDED, what)
     if deleted:
         out.events.append(Event("Normal", SUSPENDED, f"deleted RayService {rs_name} (spec.suspend); {kept} on resume"))
     out.progressing = Condition(
-        "Progressing",
+        ConditionType.PROGRESSING,
         False,
         SUSPENDED,
         "suspended: downloads, rollouts and their deadlines wait for spec.suspend: false",
     )
-    ready = Condition("Ready", False, SUSPENDED, f"spec.suspend is true: {kept} when it is false")
+    ready = Condition(ConditionType.READY, False, SUSPENDED, f"spec.suspend is true: {kept} when it is false")
     return Observed(
         outcome=out,
         good=None,

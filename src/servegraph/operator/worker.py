@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from servegraph.names import Key
 from servegraph.operator import parsing
-from servegraph.operator.cache import Key
 from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
 

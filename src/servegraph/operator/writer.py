@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servegraph.kube import KubeError
-from servegraph.operator.cache import Key, WatchCache
+from servegraph.names import ConditionType, Key
+from servegraph.operator.cache import WatchCache
 from servegraph.operator.conditions import Condition
 from servegraph.operator.drift import Desired, Live, conflict, live_of, live_record
 from servegraph.operator.edges import ApiServer
@@ -26,7 +27,8 @@ from servegraph.render.upgrade import predict
 log = logging.getLogger("servegraph.operator")
 
 APPLY_ATTEMPTS = 2
-"""Applies per reconcile when the RayService changed between the read and the write (KubeRay's status)."""
+"""Read-then-apply attempts per reconcile when the RayService changed between the read and
+the write (KubeRay's status); an update first tries once on the record it holds, unread."""
 
 
 class RayServiceWriter:
@@ -60,7 +62,7 @@ class RayServiceWriter:
             if live is not None:
                 clash = conflict(live, namespace, rs_name, body["metadata"]["uid"])
         if clash is not None:
-            out.applied = Condition("Applied", False, "Conflict", clash)
+            out.applied = Condition(ConditionType.APPLIED, False, "Conflict", clash)
             out.retry = True
             return None, clash
         return live, None
@@ -69,10 +71,12 @@ class RayServiceWriter:
         cached = self.cache.rayservice((namespace, name))
         if cached is None or isinstance(cached, Live):
             return cached
-        try:  # not delivered by the watch yet (start-up): read it once
+        if self.cache.absent((namespace, name)):
+            return None  # the watch delivers every RayService: one it never delivered does not exist
+        try:  # not delivered by the watch yet (start-up), or forgotten after a refused write: read it once
             body = await self.api.get_rayservice(namespace, name)
         except KubeError as exc:
-            out.applied = Condition("Applied", False, "ReadFailed", str(exc))
+            out.applied = Condition(ConditionType.APPLIED, False, "ReadFailed", str(exc))
             out.retry = True
             return None
         live = None if body is None else live_of(body, None)
@@ -94,7 +98,9 @@ class RayServiceWriter:
         meta = desired.manifest["metadata"]
         name, where = meta["name"], (meta["namespace"], meta["name"])
         if live is not None and live.matched is not None and live.matched == desired.match_key:
-            out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
+            out.applied = Condition(
+                ConditionType.APPLIED, True, "UpToDate", f"RayService {name} matches the graph and spec"
+            )
             return live, None
         refused = too_large(name, desired.size)
         if refused is not None:  # the same on every retry: said once, tried again for a new render
@@ -109,14 +115,18 @@ class RayServiceWriter:
                 decision.history[0].setdefault("upgrade", prediction.kind)
         if prediction.new_cluster:
             out.events.append(Event("Normal", "NewClusterUpgrade", f"RayService {name}: {prediction.summary()}"))
-        for _ in range(APPLY_ATTEMPTS):
+        # The first write over an existing RayService is decided on the record held (our last
+        # apply's answer, or the watch's since): no read unless that version is stale.
+        held = live if live is not None and live.resource_version is not None else None
+        for attempt in range(APPLY_ATTEMPTS + (held is not None)):
             if not may_write():
                 return live, None
             try:
-                applied = await apply_owned(self.api, desired.manifest, uid, live is not None)
+                known = held if attempt == 0 else None
+                applied = await apply_owned(self.api, desired.manifest, uid, live is not None, known)
             except NotOurs as exc:
                 self.cache.put_rayservice(where, exc.live)  # what the watch may never deliver (label removed)
-                out.applied = Condition("Applied", False, "Conflict", exc.reason)
+                out.applied = Condition(ConditionType.APPLIED, False, "Conflict", exc.reason)
                 out.retry = True
                 return None, exc.reason
             except KubeError as exc:
@@ -125,14 +135,17 @@ class RayServiceWriter:
                 reason = "Conflict" if exc.status == 409 else "ApplyFailed"
                 if exc.status == 409:
                     self.cache.forget_rayservice(where)  # read it next time, and see whose it is
-                out.applied = Condition("Applied", False, reason, str(exc))
+                out.applied = Condition(ConditionType.APPLIED, False, reason, str(exc))
                 out.retry = True
                 return live, None
             break
         else:
             self.cache.forget_rayservice(where)
             out.applied = Condition(
-                "Applied", False, "Conflict", f"RayService {name} changed while it was being written; read again"
+                ConditionType.APPLIED,
+                False,
+                "Conflict",
+                f"RayService {name} changed while it was being written; read again",
             )
             out.retry = True
             return live, None
@@ -142,5 +155,7 @@ class RayServiceWriter:
         verb = "created" if live is None else "updated"
         log.info("[%s/%s] %s RayService %s", key[0], key[1], verb, name)
         out.events.append(Event("Normal", "Applied", f"{verb} RayService {name}"))
-        out.applied = Condition("Applied", True, "UpToDate", f"RayService {name} matches the graph and spec")
+        out.applied = Condition(
+            ConditionType.APPLIED, True, "UpToDate", f"RayService {name} matches the graph and spec"
+        )
         return record, None

@@ -6,21 +6,8 @@ import json
 
 from servegraph.dag import model
 from servegraph.dag.args import refs
+from servegraph.dag.text import call_text, kind_text
 from servegraph.graph.workers import GiB, plan_worker_groups
-
-
-def _kind(node: model.Node) -> str:
-    match node.kind:
-        case model.DeploymentKind(import_path=path):
-            return path
-        case model.SequenceKind():
-            return "sequence"
-        case model.EnsembleKind():
-            return "ensemble"
-        case model.SwitchKind(field=field, header=header):
-            return f"switch on {'field ' + field if field else 'header ' + str(header)}"
-        case model.SplitterKind(routes=routes):
-            return "splitter " + "/".join(str(w) for _, w in routes)
 
 
 def _resources(node: model.Node) -> str:
@@ -43,12 +30,9 @@ def _call_notes(node: model.Node) -> dict[str, str]:
         return {}
     notes: dict[str, str] = {}
     for i, (_, child) in enumerate(refs(kind)):
-        call = kind.call(i)
-        parts = [f"timeout {call.timeout_s:g}s"] if call.timeout_s is not None else []
-        parts += [f"retries {call.retries}"] if call.retries else []
-        parts += ["optional"] if call.optional else []
-        if parts:
-            notes.setdefault(child, ", ".join(parts))
+        text = call_text(kind.call(i))
+        if text:
+            notes.setdefault(child, text)
     return notes
 
 
@@ -64,7 +48,7 @@ def describe(graph: model.Graph) -> str:
         if not app.telemetry.metrics:
             lines.append("  router metrics off")
         for node in app.ordered_nodes():
-            lines.append(f"  node {node.id}: {_kind(node)}  [{_resources(node)}]")
+            lines.append(f"  node {node.id}: {kind_text(node.kind)}  [{_resources(node)}]")
             notes = _call_notes(node)
             for child in node.edges:
                 lines.append(f"    -> {child}" + (f"  ({notes[child]})" if child in notes else ""))
@@ -102,7 +86,7 @@ def to_dot(graph: model.Graph) -> str:
         for node in app.ordered_nodes():
             shape = "box" if isinstance(node.kind, model.DeploymentKind) else "diamond"
             peripheries = 2 if node.id == app.ingress else 1
-            label = f"{node.id}\\n{_kind(node)}"
+            label = f"{node.id}\\n{kind_text(node.kind)}"
             lines.append(
                 f'    {json.dumps(app.name + "/" + node.id)} [label="{label}", shape={shape}, peripheries={peripheries}];'
             )

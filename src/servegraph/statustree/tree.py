@@ -23,14 +23,14 @@ from servegraph.dag.model import (
     DeploymentKind,
     EnsembleKind,
     Node,
-    NodeKind,
     SequenceKind,
     SplitterKind,
     SwitchKind,
 )
+from servegraph.dag.text import call_text, kind_text
+from servegraph.names import ConditionType
 from servegraph.statustree import pods
 
-CONDITIONS = ("Fetched", "GraphValid", "Applied", "Ready", "Progressing")
 HISTORY_SHOWN = 5
 
 
@@ -57,7 +57,7 @@ def render(snap: Snapshot, now: datetime) -> str:
     sg = snap.servegraph
     meta, status = sg.get("metadata") or {}, sg.get("status") or {}
     lines = [f"Name:          {meta.get('name', '')}", f"Namespace:     {meta.get('namespace', '')}"]
-    ready = _condition(status, "Ready")
+    ready = _condition(status, ConditionType.READY)
     if ready:
         lines.append(
             f"Ready:         {ready.get('status')}  {ready.get('reason', '')}  "
@@ -185,7 +185,7 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
 def _conditions(status: Mapping[str, Any], now: datetime) -> list[str]:
     rows = [
         (c["type"], c.get("status", ""), c.get("reason", ""), age(c.get("lastTransitionTime"), now), c.get("message"))
-        for kind in CONDITIONS
+        for kind in ConditionType
         if (c := _condition(status, kind))
     ]
     return _table([("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"), *rows], indent="  ") if rows else ["  none yet"]
@@ -266,19 +266,19 @@ def _walk(
         rows.append((title, "?", "", "", "not in the deployed config"))
         return
     if node_id in seen:
-        rows.append((title, _kind(node.kind), "", "", "(shown above)"))
+        rows.append((title, kind_text(node.kind), "", "", "(shown above)"))
         return
     seen.add(node_id)
     deployment = (app_status.get("deployments") or {}).get(node_id) or {}
     state = deployment.get("status", "")
-    rows.append((title, _kind(node.kind), state, _replicas(app, node_id, serve_app), ""))
+    rows.append((title, kind_text(node.kind), state, _replicas(app, node_id, serve_app), ""))
     if deployment.get("message") and state != "HEALTHY":
         notes.append((len(rows) - 1, _one_line(deployment["message"])))
     children = _children(node)
     for i, (child, child_label, call) in enumerate(children):
         last = i == len(children) - 1
-        extra = _call_text(call)
-        full_label = " ".join(x for x in (child_label, extra) if x) or None
+        options = call_text(call) if call is not None else ""
+        full_label = " ".join(x for x in (child_label, f"({options})" if options else "") if x) or None
         deeper = prefix + ("" if not branch else ("   " if branch == "└─ " else "│  "))
         _walk(app, child, deeper, "└─ " if last else "├─ ", full_label, seen, rows, notes, app_status, serve_app)
 
@@ -299,29 +299,6 @@ def _children(node: Node) -> list[tuple[str, str, Call | None]]:
         case SplitterKind():
             labels = [f"[{weight}%]" for _, weight in kind.routes]
     return [(ref, labels[i], kind.call(i)) for i, (_, ref) in enumerate(refs(kind))]
-
-
-def _call_text(call: Call | None) -> str:
-    if call is None:
-        return ""
-    parts = [f"timeout {call.timeout_s:g}s"] if call.timeout_s is not None else []
-    parts += [f"retries {call.retries}"] if call.retries else []
-    parts += ["optional"] if call.optional else []
-    return f"({', '.join(parts)})" if parts else ""
-
-
-def _kind(kind: NodeKind) -> str:
-    match kind:
-        case DeploymentKind():
-            return kind.import_path
-        case SwitchKind():
-            return f"switch on {'field ' + kind.field if kind.field else 'header ' + str(kind.header)}"
-        case SplitterKind():
-            return "splitter"
-        case SequenceKind():
-            return "sequence"
-        case EnsembleKind():
-            return "ensemble"
 
 
 def _replicas(app: _App, node_id: str, serve_app: Mapping[str, Any]) -> str:

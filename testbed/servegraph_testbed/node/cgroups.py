@@ -53,5 +53,17 @@ def remove(name: str, timeout: float = 30.0) -> list[str]:
         time.sleep(0.2)
 
 
+def container_pids(name: str, container_id: str) -> list[int]:
+    """Host pids of container `container_id` under /<name>: its cgroup.procs in the pids hierarchy."""
+    pids: list[int] = []
+    for mount in hierarchies():
+        if not (mount / "cgroup.procs").exists() or mount.name != "pids":
+            continue
+        for dirpath, _, _ in os.walk(mount / name):
+            if Path(dirpath).name.endswith(container_id):
+                pids += [int(p) for p in (Path(dirpath) / "cgroup.procs").read_text().split()]
+    return pids
+
+
 def leftovers(name: str) -> list[str]:
     return [str(m / name) for m in hierarchies() if (m / name).exists()]

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +33,7 @@ from servegraph_testbed.binaries import Binaries, find_binaries
 from servegraph_testbed.controlplane import KEEP_ENV_VAR, ControlPlane
 from servegraph_testbed.identities import Identity, default_identities
 from servegraph_testbed.images import ImageSet, find_images
+from servegraph_testbed.locks import take
 from servegraph_testbed.node import cgroups
 from servegraph_testbed.node.addons import coredns_manifests
 from servegraph_testbed.node.configs import (
@@ -46,8 +45,9 @@ from servegraph_testbed.node.configs import (
     resolv_conf,
 )
 from servegraph_testbed.node.network import NodeNetwork
+from servegraph_testbed.node.sandbox import command as sandbox_command
 from servegraph_testbed.processes import Component, ComponentError
-from servegraph_testbed.rest import ApiError
+from servegraph_testbed.rest import JSON_PATCH, ApiError
 
 # One node cluster at a time per machine: two would share 2 CPUs with two Ray clusters
 # each and time out. A second start waits for the first to stop.
@@ -138,7 +138,12 @@ class NodeCluster:
         On any failure everything started so far is removed before the error propagates.
         """
         binaries = (self._binaries or find_binaries()).check_node()
-        self._lock_machine()
+        self._lock = take(
+            MACHINE_LOCK,
+            wait_s=LOCK_WAIT_S,
+            waiting="node tier: waiting for another node cluster on this machine to stop",
+            holder="another node cluster",
+        )
         atexit.register(self.stop)  # an interrupted run still removes the network and cgroups
         t0 = time.monotonic()
         self._binaries = binaries
@@ -219,24 +224,6 @@ class NodeCluster:
 
     # ---- steps ---------------------------------------------------------------------------
 
-    def _lock_machine(self) -> None:
-        self._lock = MACHINE_LOCK.open("a")
-        deadline = time.monotonic() + LOCK_WAIT_S
-        waiting = False
-        while True:
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if not waiting:
-                    print("node tier: waiting for another node cluster on this machine to stop", file=sys.stderr)
-                    waiting = True
-                if time.monotonic() > deadline:
-                    self._lock.close()
-                    self._lock = None
-                    raise TimeoutError(f"another node cluster held {MACHINE_LOCK} for {LOCK_WAIT_S:.0f} s") from None
-                time.sleep(1)
-
     def _mark(self, step: str, t0: float) -> None:
         self.timings[step] = round(time.monotonic() - t0, 2)
 
@@ -299,24 +286,7 @@ class NodeCluster:
         }
         spec_file = paths.root / "sandbox.json"
         spec_file.write_text(json.dumps(spec, indent=2))
-        argv = [
-            "nsenter",
-            f"--net={net.netns_path}",
-            "--",
-            "unshare",
-            "--pid",
-            "--fork",
-            "--kill-child",
-            "--mount",
-            "--propagation=private",
-            "--mount-proc",
-            "--",
-            sys.executable,
-            "-m",
-            "servegraph_testbed.node.sandbox",
-            str(spec_file),
-        ]
-        self._sandbox = sandbox = cp.spawn("node", argv, identity=None)
+        self._sandbox = sandbox = cp.spawn("node", sandbox_command(net.netns_path, spec_file), identity=None)
         deadline = time.monotonic() + 60
         while not paths.containerd_socket.exists():
             if not sandbox.running:
@@ -358,7 +328,7 @@ class NodeCluster:
     def _advertise_gpus(self) -> None:
         """The documented way to advertise an extended resource: a JSON patch of node status."""
         patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(self.gpus)}]
-        self.cp.kubectl("patch", "node", self.node_name, "--subresource=status", "--type=json", "-p", json.dumps(patch))
+        self.cp.rest().request("PATCH", f"/api/v1/nodes/{self.node_name}/status", patch, JSON_PATCH)
 
     def _start_dns(self) -> None:
         cp = self.cp
@@ -372,23 +342,25 @@ class NodeCluster:
         if out.returncode != 0:
             pods = self.cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
             events = self.cp.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
+            # What the containers said (a crash loop's reason is in the previous run's log).
+            logs = "\n".join(
+                self.cp.kubectl(
+                    "logs", "-n", namespace, what, "--all-containers", "--tail=30", *last, check=False
+                ).stdout
+                for last in ((), ("--previous",))
+            )
             raise self._node_error(
                 f"{namespace}/{what} not rolled out in {limit:.0f} s: {out.stderr.strip()}\n{pods}\n{events[-3000:]}"
+                f"\n--- container logs ---\n{logs[-4000:]}"
             )
 
     def kill_container(self, namespace: str, pod: str, sig: signal.Signals = signal.SIGKILL) -> list[int]:
         """Signal every process of a pod's first container, as a crash would (no API call,
         no grace period: the kubelet sees the container die and restarts it). Found through
         the container's cgroup, whose cgroup.procs lists host pids."""
-        obj = json.loads(self.cp.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)
+        obj = self.cp.rest().get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
         container_id = obj["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-        pids: list[int] = []
-        for mount in cgroups.hierarchies():
-            if not (mount / "cgroup.procs").exists() or mount.name != "pids":
-                continue
-            for dirpath, _, _ in os.walk(mount / self.cgroup_root):
-                if Path(dirpath).name.endswith(container_id):
-                    pids += [int(p) for p in (Path(dirpath) / "cgroup.procs").read_text().split()]
+        pids = cgroups.container_pids(self.cgroup_root, container_id)
         if not pids:
             raise LookupError(f"no processes found for container {container_id} of {namespace}/{pod}")
         for pid in pids:

@@ -24,11 +24,33 @@ from typing import Any
 import yaml
 
 from servegraph_testbed.binaries import REPO_ROOT
+from servegraph_testbed.controlplane import ControlPlane
 from servegraph_testbed.node.cluster import NodeCluster
 from servegraph_testbed.processes import Component, free_port
 
 MONITORS = REPO_ROOT / "config" / "prometheus"
 COMPONENT = "prometheus"
+READER_ROLE = "servegraph-operator-metrics-reader"
+"""The ClusterRole that lets a token read the operator's /metrics (chart and kustomize)."""
+SCRAPER = ("monitoring", "prometheus")
+"""Namespace and ServiceAccount whose token Prometheus scrapes with, as an in-cluster
+Prometheus would (its pod's projected token; here minted by the TokenRequest API)."""
+
+
+def reader_token(cp: ControlPlane, role: str = READER_ROLE) -> str:
+    """A real ServiceAccount token bound to `role`: what a Prometheus granted by the
+    install docs presents, checked by the operator with TokenReview and SubjectAccessReview."""
+    namespace, account = SCRAPER
+    token = cp.service_account_token(namespace, account)  # creates the namespace and account
+    binding = f"""
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {account}-servegraph-metrics}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {role}}}
+subjects: [{{kind: ServiceAccount, name: {account}, namespace: {namespace}}}]
+"""
+    cp.kubectl("apply", "-f", "-", stdin=binding)
+    return token
 
 
 def _label(name: str) -> str:
@@ -36,9 +58,10 @@ def _label(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def scrape_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str) -> dict[str, Any]:
+def scrape_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str, token_file: Path) -> dict[str, Any]:
     """One scrape job for a ServiceMonitor (EndpointSlices of the selected Services) or a
-    PodMonitor (the selected pods)."""
+    PodMonitor (the selected pods). An endpoint's `bearerTokenFile` (the Prometheus pod's
+    own token) becomes `token_file`, Prometheus' ServiceAccount token on this host."""
     spec, meta = monitor["spec"], monitor["metadata"]
     pod_monitor = monitor["kind"] == "PodMonitor"
     role = "pod" if pod_monitor else "endpointslice"
@@ -65,7 +88,7 @@ def scrape_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str) -> d
     selector = spec.get("namespaceSelector") or {}
     if not selector.get("any"):
         sd["namespaces"] = {"names": selector.get("matchNames") or [meta["namespace"]]}
-    return {
+    job: dict[str, Any] = {
         "job_name": f"{monitor['kind'].lower()}/{meta['namespace']}/{meta['name']}",
         "scrape_interval": interval,
         "honor_labels": bool(endpoint.get("honorLabels", False)),
@@ -73,15 +96,18 @@ def scrape_job(monitor: Mapping[str, Any], kubeconfig: Path, interval: str) -> d
         "kubernetes_sd_configs": [sd],
         "relabel_configs": relabel,
     }
+    if endpoint.get("bearerTokenFile"):
+        job["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
+    return job
 
 
-def config_from_monitors(kubeconfig: Path, interval: str = "2s") -> dict[str, Any]:
+def config_from_monitors(kubeconfig: Path, token_file: Path, interval: str = "2s") -> dict[str, Any]:
     """prometheus.yml scraping what config/prometheus's monitors select."""
     docs = [d for f in sorted(MONITORS.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     monitors = [d for d in docs if d.get("kind") in ("ServiceMonitor", "PodMonitor")]
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [scrape_job(m, kubeconfig, interval) for m in monitors],
+        "scrape_configs": [scrape_job(m, kubeconfig, interval, token_file) for m in monitors],
     }
 
 
@@ -111,8 +137,12 @@ class Prometheus:
             raise FileNotFoundError(f"{binary} missing: run hack/testenv/build.sh (node tier) and use its directory")
         work = cp.workdir / COMPONENT
         (work / "data").mkdir(parents=True, exist_ok=True)
+        token_file = work / "token"
+        token_file.write_text(reader_token(cp))
+        token_file.chmod(0o600)
         config = work / "prometheus.yml"
-        config.write_text(yaml.safe_dump(config_from_monitors(cp.kubeconfig(), self.interval), sort_keys=False))
+        monitors = config_from_monitors(cp.kubeconfig(), token_file, self.interval)
+        config.write_text(yaml.safe_dump(monitors, sort_keys=False))
         self.port = free_port()
         argv = [
             str(binary),

@@ -29,6 +29,27 @@ from typing import Any
 PRIVATE_TMPFS = ("/run/containerd", "/run/netns", "/var/lib/cni")
 
 
+def command(netns_path: Path, spec_file: Path) -> list[str]:
+    """The command line above, for NodeCluster to spawn, with the current interpreter."""
+    return [
+        "nsenter",
+        f"--net={netns_path}",
+        "--",
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation=private",
+        "--mount-proc",
+        "--",
+        sys.executable,
+        "-m",
+        "servegraph_testbed.node.sandbox",
+        str(spec_file),
+    ]
+
+
 def _mount_tmpfs(path: str) -> None:
     Path(path).mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", path], check=True)

@@ -1,118 +1,24 @@
-"""Install the stack onto a NodeCluster as a user installs it.
-
-- the ServeGraph CRD from config/crd (kustomize);
-- KubeRay from its own kustomize install (ray-operator/config/default of the module the
-  operator was built from), with only its image swapped for the one built here;
-- servegraph from our Helm chart, with its defaults (two replicas, leader election, the
-  events endpoint) and the operator image built from docker/operator.Dockerfile.
-"""
+"""A NodeCluster with the stack installed (node/install.py) and an HTTPS graph registry."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import secrets
-import shutil
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import yaml
 
-from servegraph_testbed.binaries import REPO_ROOT
 from servegraph_testbed.certs import write_pki
 from servegraph_testbed.controlplane import ControlPlane
 from servegraph_testbed.node.cluster import NodeCluster
+from servegraph_testbed.node.install import Installed, install_crd, install_kuberay, install_servegraph
 from servegraph_testbed.node.network import NodeNetwork
 from servegraph_testbed.registry import Registry, RegistryServer
-
-KUBERAY_NAMESPACE = "default"  # where KubeRay's config/default puts it
-SERVEGRAPH_NAMESPACE = "servegraph-system"
-SERVEGRAPH_RELEASE = "servegraph-operator"
-OPERATOR_DEPLOYMENT = "servegraph-operator"
-EVENTS_SECRET = "servegraph-events"  # noqa: S105 (a Secret's name, not a password)
-
-
-@dataclass(frozen=True)
-class Installed:
-    """What the installs return that tests and the demo need."""
-
-    events_token: str
-    operator_deployment: str = OPERATOR_DEPLOYMENT
-    operator_namespace: str = SERVEGRAPH_NAMESPACE
-
-
-def install_crd(cluster: NodeCluster) -> None:
-    cluster.cp.kubectl("apply", "--server-side", "-k", str(REPO_ROOT / "config" / "crd"))
-    cluster.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servegraphs.servegraph.io")
-
-
-def install_kuberay(cluster: NodeCluster) -> None:
-    """`kubectl apply -k` of KubeRay's config/default, image swapped by a kustomize overlay."""
-    cp = cluster.cp
-    tree = cp.workdir / "kuberay-config"
-    if not tree.exists():
-        shutil.copytree(cp.binaries.kuberay_config, tree)
-    overlay = tree / "servegraph-testbed"
-    overlay.mkdir(exist_ok=True)
-    repository, _, tag = cluster.images.ref("kuberay").rpartition(":")
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-        "kind: Kustomization\n"
-        "resources: [../default]\n"
-        "images:\n"
-        "  - name: quay.io/kuberay/operator\n"
-        f"    newName: {repository}\n"
-        f"    newTag: {tag}\n"
-    )
-    # Server-side: KubeRay's CRDs are too large for client-side apply's annotation.
-    cp.kubectl("apply", "--server-side", "-k", str(overlay))
-    cluster.wait_rollout(KUBERAY_NAMESPACE, "deployment/kuberay-operator")
-
-
-def install_servegraph(
-    cluster: NodeCluster, *, replicas: int = 2, extra_values: dict[str, str] | None = None
-) -> Installed:
-    """`helm install` of charts/servegraph-operator (the CRD comes from install_crd)."""
-    cp = cluster.cp
-    token = secrets.token_urlsafe(24)
-    cp.kubectl("create", "namespace", SERVEGRAPH_NAMESPACE)
-    cp.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=(
-            "apiVersion: v1\nkind: Secret\n"
-            f"metadata: {{name: {EVENTS_SECRET}, namespace: {SERVEGRAPH_NAMESPACE}}}\n"
-            f"data: {{token: {base64.b64encode(token.encode()).decode()}}}\n"
-        ),
-    )
-    values = {
-        "replicaCount": str(replicas),
-        "events.tokenSecret.name": EVENTS_SECRET,
-        **(extra_values or {}),
-    }
-    args = ["install", SERVEGRAPH_RELEASE, str(REPO_ROOT / "charts" / "servegraph-operator")]
-    args += ["--namespace", SERVEGRAPH_NAMESPACE, "--skip-crds"]
-    for key, value in values.items():
-        args += ["--set", f"{key}={value}"]
-    cp.helm(*args)
-    cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
-    return Installed(events_token=token)
-
-
-@dataclass(frozen=True)
-class GraphRef:
-    """Where a ServeGraph's RayService serves: its namespace, names and route."""
-
-    namespace: str
-    name: str
-    rayservice: str
-    route: str
 
 
 class Stack:
@@ -124,7 +30,8 @@ class Stack:
     go to the operator's Service, as a registry's webhook would send them.
 
         async with Stack() as stack:
-            ref = await stack.deploy("demo", "mini", graph_bytes, rayservice_overrides)
+            await stack.publish("demo-mini", graph_bytes)
+            stack.apply(stack.servegraph_manifest("demo", "mini", "demo-mini"))
     """
 
     def __init__(self, cluster: NodeCluster | None = None, *, operator_replicas: int = 2) -> None:
@@ -296,47 +203,3 @@ class Stack:
     def serve_url(self, namespace: str, rayservice: str, route: str) -> str:
         """The graph's route through KubeRay's serve Service (kube-proxy's ClusterIP)."""
         return f"http://{self.service_ip(namespace, f'{rayservice}-serve-svc')}:8000{route}"
-
-
-async def ask(url: str, payload: Any, limit_s: float = 10.0) -> tuple[int, Any]:
-    """POST a JSON payload to a graph route: (status, decoded body or text).
-
-    The connect timeout is short: on this node a connection is set up in milliseconds, or
-    in about 1 s when kube-proxy drops its first SYN (TCP retries at 1 s and 3 s); one still
-    not set up after 5 s is lost, and waiting out the whole `limit_s` on it only hides that.
-    """
-    timeout = aiohttp.ClientTimeout(total=limit_s, sock_connect=min(5.0, limit_s))
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
-        session.post(url, json=payload) as resp,
-    ):
-        text = await resp.text()
-        try:
-            return resp.status, json.loads(text)
-        except ValueError:
-            return resp.status, text
-
-
-async def answer(
-    url: str, payload: Any, within: float = 90.0, lost: list[str] | None = None, limit_s: float = 15.0
-) -> tuple[int, Any]:
-    """The graph's first response to `payload`, sending again a request lost on its way.
-
-    A connection made in the instant a Service's first endpoint becomes ready can be
-    dropped inside the node, TCP's resends with it (docs/testenv.md, "Requests right
-    after Ready"), and KubeRay reports Ready in about that instant. So a lost request
-    (refused, never connected, no response in `limit_s`) is sent again on a new
-    connection, as any client of a Service should, and each loss is appended to `lost`
-    for the test to report. Any HTTP response is returned at once, whatever its status:
-    a wrong answer is the caller's to judge.
-    """
-    losses = lost if lost is not None else []
-    started = time.monotonic()
-    while True:
-        try:
-            return await ask(url, payload, limit_s=limit_s)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            losses.append(f"+{time.monotonic() - started:.1f}s {type(e).__name__}")
-            if time.monotonic() - started > within:
-                raise AssertionError(f"no response from {url} within {within:.0f} s: {losses}") from e
-        await asyncio.sleep(1)

@@ -1,0 +1,102 @@
+"""The render step of a reconcile: the desired RayService, rendered only when its inputs change.
+
+Status updates and KubeRay's writes trigger many reconciles that change nothing the
+render reads, so the rendered RayService is kept in the ServeGraph's `Memory` with the
+key of what it was rendered from, and rendered again only when that key changes.
+
+The running cluster is one of the inputs (new renders keep its worker-group order), and
+the first render of a ServeGraph has none: the cluster it creates has exactly the render's
+own groups, in its order. Rendering again against that cluster gives the same manifest
+(`upgrade.stable_worker_groups` keeps that order, and parks no group), so the render is
+kept and only its key moves: a new ServeGraph renders once, not once more when the watch
+delivers the RayService it created.
+
+A typical graph renders in about a millisecond, less than handing it to a thread and back
+costs, so it renders on the event loop; a big one (a 10,000-node graph takes a tenth of a
+second) in a thread, so that the loop keeps serving the other ServeGraphs meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from servegraph.dag.model import Graph
+from servegraph.graph import GraphError
+from servegraph.names import SPEC_HASH_ANNOTATION, ConditionType
+from servegraph.operator.cache import Memory
+from servegraph.operator.conditions import Condition
+from servegraph.operator.drift import Desired, Live
+from servegraph.operator.objectsize import manifest_bytes
+from servegraph.operator.spec import ServeGraphSpec, owner_reference
+from servegraph.operator.status import GoodGraph, Outcome
+from servegraph.render import RayServiceOptions, render_rayservice
+
+INLINE_NODES = 500
+"""Graphs up to this many nodes (a few ms of CPU) render on the event loop; bigger ones in a thread."""
+
+GROUPS = 3
+"""Where the running cluster's worker-group names are in a render key."""
+
+
+async def desired(
+    memory: Memory,
+    good: GoodGraph,
+    spec: ServeGraphSpec,
+    body: Mapping[str, Any],
+    live: Live | None,
+    out: Outcome,
+    restart: str | None = None,
+) -> Desired | None:
+    """The RayService to apply for `good`, from memory while nothing it is rendered from changed;
+    None (with `out.applied` saying why) when the graph does not fit the pods the spec asks for."""
+    meta = body["metadata"]
+    previous = live.cluster if live is not None else None
+    groups = tuple(g.get("groupName") for g in (previous or {}).get("workerGroupSpecs") or ())
+    # The restart annotation is metadata: changing it moves no generation.
+    render_key = (good.digest, meta.get("uid"), meta.get("generation"), groups, restart)
+    kept = memory.desired
+    if kept is not None and kept.render_key != render_key and same_render(kept, render_key):
+        memory.desired = kept = replace(kept, render_key=render_key)
+    if kept is None or kept.render_key != render_key:
+        options = replace(
+            spec.rayservice_options(meta["name"], meta["namespace"], owner_reference(body)),
+            previous_cluster=previous,
+            restarted_at=restart,
+        )
+        try:
+            manifest, size = await _render(good.graph, options)
+        except GraphError as exc:
+            # The graph is valid, but not in the pods this spec asks for (a replica bigger
+            # than the overridden worker): the spec must change, so no retry; what runs stays.
+            out.applied = Condition(ConditionType.APPLIED, False, "PodsTooSmall", str(exc))
+            return None
+        match_key = (manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
+        memory.desired = Desired(manifest, render_key, match_key, size)
+    return memory.desired
+
+
+def same_render(kept: Desired, render_key: tuple[Any, ...]) -> bool:
+    """Whether rendering for `render_key` would give `kept`'s manifest again: `kept` was rendered
+    with no running cluster, everything else is the same, and the running cluster's worker groups
+    are `kept`'s own, in its order (the cluster it created)."""
+    old = kept.render_key
+    if old[GROUPS] != () or old[:GROUPS] != render_key[:GROUPS] or old[GROUPS + 1 :] != render_key[GROUPS + 1 :]:
+        return False
+    cluster = kept.manifest["spec"]["rayClusterConfig"]
+    own: tuple[Any, ...] = tuple(g.get("groupName") for g in cluster.get("workerGroupSpecs") or ())
+    return bool(render_key[GROUPS] == own)
+
+
+async def _render(graph: Graph, options: RayServiceOptions) -> tuple[dict[str, Any], int]:
+    if graph.node_count <= INLINE_NODES:
+        return _sized(graph, options)
+    return await asyncio.to_thread(_sized, graph, options)
+
+
+def _sized(graph: Graph, options: RayServiceOptions) -> tuple[dict[str, Any], int]:
+    """The manifest and its size as JSON (`objectsize.manifest_bytes`)."""
+    manifest = render_rayservice(graph, options)
+    return manifest, manifest_bytes(manifest)

@@ -1,0 +1,92 @@
+"""Install the stack onto a NodeCluster as a user installs it.
+
+- the ServeGraph CRD from config/crd (kustomize);
+- KubeRay from its own kustomize install (ray-operator/config/default of the module the
+  operator was built from), with only its image swapped for the one built here;
+- servegraph from our Helm chart, with its defaults (two replicas, leader election, the
+  events endpoint) and the operator image built from docker/operator.Dockerfile.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import shutil
+from dataclasses import dataclass
+
+from servegraph_testbed.binaries import REPO_ROOT
+from servegraph_testbed.node.cluster import NodeCluster
+
+KUBERAY_NAMESPACE = "default"  # where KubeRay's config/default puts it
+SERVEGRAPH_NAMESPACE = "servegraph-system"
+SERVEGRAPH_RELEASE = "servegraph-operator"
+OPERATOR_DEPLOYMENT = "servegraph-operator"
+EVENTS_SECRET = "servegraph-events"  # noqa: S105 (a Secret's name, not a password)
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What the installs return that tests and the demo need."""
+
+    events_token: str
+    operator_deployment: str = OPERATOR_DEPLOYMENT
+    operator_namespace: str = SERVEGRAPH_NAMESPACE
+
+
+def install_crd(cluster: NodeCluster) -> None:
+    cluster.cp.kubectl("apply", "--server-side", "-k", str(REPO_ROOT / "config" / "crd"))
+    cluster.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servegraphs.servegraph.io")
+
+
+def install_kuberay(cluster: NodeCluster) -> None:
+    """`kubectl apply -k` of KubeRay's config/default, image swapped by a kustomize overlay."""
+    cp = cluster.cp
+    tree = cp.workdir / "kuberay-config"
+    if not tree.exists():
+        shutil.copytree(cp.binaries.kuberay_config, tree)
+    overlay = tree / "servegraph-testbed"
+    overlay.mkdir(exist_ok=True)
+    repository, _, tag = cluster.images.ref("kuberay").rpartition(":")
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        "resources: [../default]\n"
+        "images:\n"
+        "  - name: quay.io/kuberay/operator\n"
+        f"    newName: {repository}\n"
+        f"    newTag: {tag}\n"
+    )
+    # Server-side: KubeRay's CRDs are too large for client-side apply's annotation.
+    cp.kubectl("apply", "--server-side", "-k", str(overlay))
+    cluster.wait_rollout(KUBERAY_NAMESPACE, "deployment/kuberay-operator")
+
+
+def install_servegraph(
+    cluster: NodeCluster, *, replicas: int = 2, extra_values: dict[str, str] | None = None
+) -> Installed:
+    """`helm install` of charts/servegraph-operator (the CRD comes from install_crd)."""
+    cp = cluster.cp
+    token = secrets.token_urlsafe(24)
+    cp.kubectl("create", "namespace", SERVEGRAPH_NAMESPACE)
+    cp.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=(
+            "apiVersion: v1\nkind: Secret\n"
+            f"metadata: {{name: {EVENTS_SECRET}, namespace: {SERVEGRAPH_NAMESPACE}}}\n"
+            f"data: {{token: {base64.b64encode(token.encode()).decode()}}}\n"
+        ),
+    )
+    values = {
+        "replicaCount": str(replicas),
+        "events.tokenSecret.name": EVENTS_SECRET,
+        **(extra_values or {}),
+    }
+    args = ["install", SERVEGRAPH_RELEASE, str(REPO_ROOT / "charts" / "servegraph-operator")]
+    args += ["--namespace", SERVEGRAPH_NAMESPACE, "--skip-crds"]
+    for key, value in values.items():
+        args += ["--set", f"{key}={value}"]
+    cp.helm(*args)
+    cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
+    return Installed(events_token=token)

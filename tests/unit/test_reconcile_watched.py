@@ -1,0 +1,84 @@
+"""When the watch delivers every RayService (handlers.py's index), a RayService it never delivered
+does not exist: a new ServeGraph creates its RayService without reading it first, and one made
+by hand is refused from what the watch delivered of it, never written."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from reconcile_support import KEY, NAME, NS, Cluster
+
+from servegraph.kube import KubeError
+from servegraph.operator.reconcile import RetryLater
+
+HAND_MADE: dict[str, Any] = {
+    "apiVersion": "ray.io/v1",
+    "kind": "RayService",
+    "metadata": {
+        "name": NAME,
+        "namespace": NS,
+        "resourceVersion": "7",
+        "managedFields": [{"manager": "kubectl-create"}, {"manager": "kuberay-operator", "subresource": "status"}],
+    },
+    "spec": {"serveConfigV2": "applications: []\n"},
+}
+
+
+def watched() -> Cluster:
+    c = Cluster()
+    c.reconciler.cache.rayservices_complete = True
+    return c
+
+
+async def test_a_new_servegraph_creates_its_rayservice_without_reading_it_first() -> None:
+    c = watched()
+    c.watch_servegraph()
+    await c.reconcile()
+    assert "get_rayservice" not in c.api.calls
+    assert c.api.calls.count("apply_rayservice") == 1 and KEY in c.api.rayservices
+    assert c.condition("Applied") == ("True", "UpToDate")
+
+
+async def test_a_rayservice_made_by_hand_is_refused_from_its_record_unread_and_unwritten() -> None:
+    c = watched()
+    c.api.rayservices[KEY] = copy.deepcopy(HAND_MADE)
+    c.reconciler.rayservice_changed(copy.deepcopy(HAND_MADE))  # unlabelled, no owner: delivered all the same
+    c.watch_servegraph()
+    with pytest.raises(RetryLater):
+        await c.reconcile()
+    assert "get_rayservice" not in c.api.calls and "apply_rayservice" not in c.api.calls
+    assert c.api.rayservices[KEY] == HAND_MADE
+    applied = next(x for x in c.body["status"]["conditions"] if x["type"] == "Applied")
+    assert (applied["status"], applied["reason"]) == ("False", "Conflict")
+    assert "written by kubectl-create)" in applied["message"]
+
+
+async def test_a_rayservice_deleted_by_hand_is_created_again_unread() -> None:
+    c = watched()
+    await c.started()
+    c.watch_rayservice(deleted=True)
+    c.body["metadata"]["generation"] = 2
+    c.watch_servegraph()
+    await c.reconcile()
+    assert "get_rayservice" not in c.api.calls and c.api.calls.count("apply_rayservice") == 1
+    assert KEY in c.api.rayservices
+
+
+async def test_after_a_refused_create_the_rayservice_is_read_not_taken_as_absent() -> None:
+    """A create the API server refused (made meanwhile, not yet delivered): read the next time."""
+    c = watched()
+    c.api.failures["apply_rayservice"] = KubeError("Conflict", "Apply failed with conflicts", 409)
+    c.watch_servegraph()
+    with pytest.raises(RetryLater):
+        await c.reconcile()
+    assert "get_rayservice" not in c.api.calls
+    del c.api.failures["apply_rayservice"]
+    c.api.rayservices[KEY] = copy.deepcopy(HAND_MADE)
+    c.api.calls.clear()
+    with pytest.raises(RetryLater):
+        await c.reconcile()
+    assert c.api.calls.count("get_rayservice") == 1 and "apply_rayservice" not in c.api.calls
+    assert c.api.rayservices[KEY] == HAND_MADE
+    assert c.condition("Applied") == ("False", "Conflict")
