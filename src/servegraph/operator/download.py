@@ -69,9 +69,7 @@ class Downloader:
         self.clock = clock
         """Monotonic seconds for polls and retries (a test moves its own)."""
 
-    async def run(
-        self, key: Key, memory: Memory, source: Source, refresh: str | None, out: Outcome
-    ) -> None:
+    async def run(self, key: Key, memory: Memory, source: Source, refresh: str | None, out: Outcome) -> None:
         state = memory.fetch
         now = self.clock()
         etag = state.etag if state.source == source and memory.good is not None else None
