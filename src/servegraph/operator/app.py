@@ -250,16 +250,18 @@ async def start(options: Options) -> Operator:
     if shard.sharded:
         log.info("shard: ServeGraphs selected by %r, lease %s", shard.selector(), options.lease_name)
     operator = Operator(options, reconciler, queue, registry, parser, kube, metrics)
-    guard = MetricsGuard(Reviews(api).may_get) if options.metrics_auth else None
-    app = health_app(metrics, guard)
-    runner, operator.ports["health"] = await _serve(app, options.health_host, options.health_port)
-    operator.runners.append(runner)
     if options.events_host is not None:
         token = EventsToken(kube, options.events_token_secret)
         await token.load()
         app = events_app(token.get, reconciler.cache.bodies, kube.annotate_servegraph)
         runner, operator.ports["events"] = await _serve(app, options.events_host, options.events_port)
         operator.runners.append(runner)
+    # Health last: /readyz answers only once every listener is up (a probe that passed
+    # before the events port was bound sent the first "graph published" to a refusal).
+    guard = MetricsGuard(Reviews(api).may_get) if options.metrics_auth else None
+    health = health_app(metrics, guard)
+    runner, operator.ports["health"] = await _serve(health, options.health_host, options.health_port)
+    operator.runners.append(runner)
     if options.leader_elect:
         lease = LeaseConfig(options.lease_namespace, options.lease_name, options.identity)
         elector = LeaderElector(api, lease, operator.start_workers, operator.stop_workers)
