@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory_fields import SERVER_METADATA
 from memory_writes import Defaults, apply, merge_patch, no_defaults, rayservice_defaults, update
 
 from servegraph.kube import KubeError
@@ -35,15 +36,7 @@ from servegraph.source import Fetched, FetchError, FetchRequest
 MANAGER = "servegraph-operator"
 KUBERAY = "kuberay-operator"
 NOW = "2026-01-01T00:00:00Z"
-_SERVER = (
-    "uid",
-    "resourceVersion",
-    "generation",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-)
-"""Metadata only the API server writes: an update keeps them as they are."""
+_SERVER = SERVER_METADATA
 _MODIFIED = "the object has been modified; please apply your changes to the latest version and try again"
 
 

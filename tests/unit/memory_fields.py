@@ -23,23 +23,19 @@ FINALIZERS: Path = ("f:metadata", "f:finalizers")
 MISSING: Any = object()
 """What `value_at` answers for a path the object does not have."""
 
+SERVER_METADATA = (
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
+"""Metadata only the API server writes: an update keeps them as they are."""
+
 SERVER_SET = frozenset(
     {("f:apiVersion",), ("f:kind",), ("f:status",)}
-    | {
-        ("f:metadata", f"f:{name}")
-        for name in (
-            "name",
-            "namespace",
-            "uid",
-            "resourceVersion",
-            "generation",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "managedFields",
-            "selfLink",
-        )
-    }
+    | {("f:metadata", f"f:{name}") for name in ("name", "namespace", *SERVER_METADATA, "managedFields", "selfLink")}
 )
 """What no field manager owns on the main resource (the API server sets it, or the status
 subresource owns it); the status subresource's managers own only what is under `status`."""
