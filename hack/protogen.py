@@ -18,7 +18,13 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "src"
-GENERATED = ("servegraph/v1/graph_pb2.py", "servegraph/v1/graph_pb2.pyi")
+GENERATED = (
+    "servegraph/v1/graph_pb2.py",
+    "servegraph/v1/graph_pb2.pyi",
+    "servegraph/v1/service_pb2.py",
+    "servegraph/v1/service_pb2.pyi",
+    "servegraph/v1/service_pb2_grpc.py",
+)
 
 
 def generate(out: Path) -> None:
@@ -31,6 +37,7 @@ def generate(out: Path) -> None:
             f"-I{include}",
             f"--python_out={out}",
             f"--pyi_out={out}",
+            f"--grpc_python_out={out}",
             *sources,
         ]
     )

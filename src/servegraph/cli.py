@@ -1,4 +1,4 @@
-"""The `servegraph` command: validate, render, inspect, pack, diff, up/down, run, rollback, restart, status.
+"""The `servegraph` command: validate, render, inspect, pack, diff, up/down, call, run, rollback, restart, status.
 
 Errors are one line per problem on stderr and a non-zero exit code, never a
 traceback: the people reading them are registry authors, not Python developers.
@@ -8,6 +8,7 @@ A command whose optional extra is not installed says which one, in one line.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from servegraph import grpc_client
 from servegraph.extras import MissingExtra
 from servegraph.graph import Format, GraphError, Problem, decode, encode, load_graph
 from servegraph.graph.validate import to_model
@@ -85,6 +87,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--to", choices=[f.value for f in Format], default=Format.BINARY.value)
     p.set_defaults(func=_pack)
 
+    p = sub.add_parser(
+        "call",
+        help="call a served graph over gRPC (servegraph's GraphService); results as JSON lines",
+        description="Send PAYLOAD (JSON) to application APP through Ray Serve's gRPC proxy at HOST:PORT "
+        "and print the result, or with --stream each item, as one JSON line.",
+    )
+    p.add_argument("payload", metavar="PAYLOAD_JSON", help='the request body, e.g. \'{"text": "a fine day"}\'')
+    p.add_argument("--grpc", required=True, metavar="HOST:PORT", help="Serve's gRPC proxy (port 9000 by default)")
+    p.add_argument("--app", required=True, metavar="APP", help="the application's name in the graph")
+    p.add_argument("--stream", action="store_true", help="call Stream: print each item as it arrives")
+    p.add_argument("--header", action="append", default=[], metavar="NAME=VALUE", help="a request header (repeatable)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=grpc_client.DEFAULT_TIMEOUT_S,
+        help="seconds for the whole call, a stream's included (default %(default)g)",
+    )
+    p.set_defaults(func=_call)
+
     # Always listed; their modules load the optional extras only when they run.
     raydash_command.add_arguments(sub)
     operator_command.add_arguments(sub)
@@ -142,6 +163,32 @@ def _with_pods(options: RayServiceOptions, path: Path) -> RayServiceOptions:
 def _inspect(args: argparse.Namespace) -> int:
     graph = load_graph(args.file)
     sys.stdout.write(to_dot(graph) if args.dot else describe(graph))
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        print(f"servegraph call: PAYLOAD_JSON is not JSON: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    headers = {}
+    for header in args.header:
+        name, sep, value = header.partition("=")
+        if not sep or not name.strip():
+            print(f"servegraph call: --header {header!r}: write NAME=VALUE", file=sys.stderr)
+            return EXIT_INVALID
+        headers[name.strip().lower()] = value
+    target, app = args.grpc, args.app
+    try:
+        if args.stream:
+            for item in grpc_client.stream(target, app, payload, headers, timeout_s=args.timeout):
+                print(json.dumps(item), flush=True)
+        else:
+            print(json.dumps(grpc_client.call(target, app, payload, headers, timeout_s=args.timeout)))
+    except grpc_client.CallError as exc:
+        print(f"servegraph call: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -40,6 +40,11 @@ REFRESH_ANNOTATION = f"{GROUP}/refresh"
 # rendered into the head and worker pod templates, so KubeRay builds a new cluster.
 RESTARTED_AT_ANNOTATION = f"{GROUP}/restartedAt"
 
+# On the head's pod template when applications name their own gRPC servicer functions: a
+# digest of the list. Ray Serve reads gRPC options only when it starts, so a changed list
+# must change KubeRay's cluster hash, which builds a new cluster whose Serve serves it.
+GRPC_SERVICERS_ANNOTATION = f"{GROUP}/grpcServicers"
+
 # Server-side apply's field manager, and the component named on Events and in the user agent.
 FIELD_MANAGER = "servegraph-operator"
 

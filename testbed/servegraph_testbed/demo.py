@@ -7,7 +7,8 @@ election). The `mini` sample is published to an HTTPS graph registry that requir
 bearer token; a ServeGraph is applied; KubeRay starts real Ray pods; the demo asks the
 graph's route until it answers. Then it publishes version 2 with the registry's publish
 call, posts the "graph published" CloudEvent to the operator, and asks until the answer
-changes. Ctrl-C (or --check, at once) tears everything down and checks that nothing
+changes, and calls it over gRPC through the serve Service's `serve-grpc` port.
+Ctrl-C (or --check, at once) tears everything down and checks that nothing
 was left behind: no process, container, mount, network namespace, veth, route,
 cgroup or iptables rule.
 
@@ -29,6 +30,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
+from servegraph import grpc_client
+from servegraph.render.serve_config import SERVE_GRPC_PORT
 from servegraph.v1 import graph_pb2
 from servegraph_testbed.node.routes import ask
 from servegraph_testbed.node.stack import Stack
@@ -38,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "demo"
 NAME = "mini"
 ROUTE = "/sentiment"
+APP = "sentiment"
 QUESTION = {"text": "a fine day"}
 V1_ANSWER = {"label": "neutral", "score": 0.0}  # "fine" is in neither default word list
 V2_ANSWER = {"label": "positive", "score": 1.0}  # version 2 counts "fine" as positive
@@ -109,8 +113,10 @@ async def _demo(check: bool) -> int:
         say(f"  POST {url} {json.dumps(QUESTION)}  ->  {json.dumps(answer)}")
         say(f"  publish -> new answer: {time.monotonic() - published:.1f} s")
         say("")
+        grpc_line = await _grpc_line(stack)
         say("reach the route yourself (from this machine):")
         say(f"  curl -s -X POST {url} -d '{json.dumps(QUESTION)}'")
+        say(grpc_line)
         say(f"  export KUBECONFIG={stack.cp.kubeconfig('admin')}")
         say(f"  {stack.cp.binaries.kubectl} get servegraphs -n {NAMESPACE} -o yaml")
         if not check:
@@ -144,6 +150,23 @@ async def _wait_url(stack: Stack, within: float = 420) -> str:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(1)
+
+
+async def _grpc_line(stack: Stack) -> str:
+    """The `servegraph call` line for the graph's gRPC port, printed only once it answered.
+
+    Through the same serve Service as the HTTP route (KubeRay adds the head's `serve-grpc`
+    port to it). `mini`'s ingress is a class, which answers GraphService through the
+    builder's subclass (`runtime/grpc_ingress.py`); an error is printed instead of the line.
+    """
+    service = f"{NAME}-serve-svc"
+    target = f"{await asyncio.to_thread(stack.service_ip, NAMESPACE, service)}:{SERVE_GRPC_PORT}"
+    try:
+        answer = await asyncio.to_thread(grpc_client.call, target, APP, QUESTION, timeout_s=30)
+    except grpc_client.CallError as e:
+        return f"  (gRPC {target} did not answer: {e})"
+    say(f"  gRPC GraphService.Call {target} application {APP} {json.dumps(QUESTION)}  ->  {json.dumps(answer)}")
+    return f"  {ROOT / '.venv' / 'bin' / 'servegraph'} call --grpc {target} --app {APP} '{json.dumps(QUESTION)}'"
 
 
 def _iptables() -> str:

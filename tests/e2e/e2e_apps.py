@@ -7,9 +7,10 @@ expected output is obvious from the graph.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from ray import serve
@@ -75,6 +76,36 @@ class Configurable:
             "replica_id": context.replica_id.unique_id,
             "pid": os.getpid(),
         }
+
+
+class Counted:
+    """A generator that counts what it does, so a test can see a stream cancelled on the replica.
+
+    The payload says `count` items, `pause_s` between them, and `fail_at` (an index that
+    raises instead); `{"stats": true}` answers this replica's counters as one item.
+    """
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.stats = {"started": 0, "finished": 0, "cancelled": 0, "produced": 0}
+
+    async def __call__(self, payload: Mapping[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        if payload.get("stats"):
+            yield dict(self.stats)
+            return
+        self.stats["started"] += 1
+        try:
+            for i in range(int(payload.get("count", 3))):
+                if i:
+                    await asyncio.sleep(float(payload.get("pause_s", 0)))
+                if i == payload.get("fail_at"):
+                    raise RuntimeError(f"{self.tag} broke at item {i}")
+                self.stats["produced"] += 1
+                yield {"tag": self.tag, "i": i}
+            self.stats["finished"] += 1
+        except (asyncio.CancelledError, GeneratorExit):
+            self.stats["cancelled"] += 1
+            raise
 
 
 def span_processors() -> list[Any]:

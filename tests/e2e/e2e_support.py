@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 from rayhead import RayHead
 
 from servegraph.raydash import up
@@ -50,3 +52,19 @@ async def request(
     """POST JSON (or raw text) and return (status, parsed JSON body)."""
     async with http.post(url, json=body if data is None else None, data=data, headers=headers) as resp:
         return resp.status, await resp.json(content_type=None)
+
+
+def scrape_metrics(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Ray's metrics endpoint, as {sample name: [(labels, value)]} for servegraph's metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("ray_servegraph_"):
+                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def metric_total(samples: list[tuple[dict[str, str], float]], **labels: str) -> float:
+    return sum(v for tags, v in samples if all(tags.get(k) == want for k, want in labels.items()))

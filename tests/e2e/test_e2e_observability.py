@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from e2e_support import SAMPLES, ensure_deployed, request
-from prometheus_client.parser import text_string_to_metric_families
+from e2e_support import SAMPLES, ensure_deployed, metric_total, request, scrape_metrics
 from rayhead import RayHead
 
 from servegraph_testbed.waiting import eventually
@@ -74,26 +72,10 @@ async def test_a_required_member_timing_out_answers_504_naming_it(
     )
 
 
-def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Ray's metrics endpoint, as {sample name: [(labels, value)]} for servegraph's metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("ray_servegraph_"):
-                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return out
-
-
-def _total(samples: list[tuple[dict[str, str], float]], **labels: str) -> float:
-    return sum(v for tags, v in samples if all(tags.get(k) == want for k, want in labels.items()))
-
-
 async def test_every_router_hop_is_counted_on_rays_metrics_endpoint_with_the_graph_identity(
     observed: Path, ray_head: RayHead, http: aiohttp.ClientSession, serve_url: Callable[[str], str]
 ) -> None:
-    before = _scrape(ray_head.metrics_port)
+    before = scrape_metrics(ray_head.metrics_port)
     n = 5
     for _ in range(n):
         status, _ = await request(http, serve_url("/review"), {"text": "good"})
@@ -103,8 +85,11 @@ async def test_every_router_hop_is_counted_on_rays_metrics_endpoint_with_the_gra
     edge = {"graph": "observed", "graph_version": "1"}
 
     def grew(name: str, by: float, **labels: str) -> bool:
-        now = _scrape(ray_head.metrics_port)
-        return _total(now.get(name, []), **edge, **labels) - _total(before.get(name, []), **edge, **labels) >= by
+        now = scrape_metrics(ray_head.metrics_port)
+        return (
+            metric_total(now.get(name, []), **edge, **labels) - metric_total(before.get(name, []), **edge, **labels)
+            >= by
+        )
 
     async def all_exported() -> bool:
         # Ray's metrics agent exports what replicas record every few seconds.
@@ -119,7 +104,7 @@ async def test_every_router_hop_is_counted_on_rays_metrics_endpoint_with_the_gra
         )
 
     await eventually(all_exported, within=90, interval=2, what="servegraph's edge metrics on Ray's endpoint")
-    latency = _scrape(ray_head.metrics_port)["ray_servegraph_request_latency_ms_bucket"]
+    latency = scrape_metrics(ray_head.metrics_port)["ray_servegraph_request_latency_ms_bucket"]
     panel_buckets = {
         tags["le"]: v for tags, v in latency if tags.get("caller") == "pipeline" and tags.get("node") == "panel"
     }

@@ -264,7 +264,13 @@ def test_samples_are_valid_servegraphs_with_their_secrets(control_plane: Control
 
     objs = _kustomize(control_plane, CONFIG / "samples")
     graphs = _find(objs, "ServeGraph")
-    assert sorted(g["metadata"]["name"] for g in graphs) == ["complete", "heterogeneous", "mini", "observed"]
+    assert sorted(g["metadata"]["name"] for g in graphs) == [
+        "complete",
+        "heterogeneous",
+        "mini",
+        "observed",
+        "streaming",
+    ]
     for graph in graphs:
         name = graph["metadata"]["name"]
         source = graph["spec"]["source"]

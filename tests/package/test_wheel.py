@@ -34,6 +34,8 @@ EXTRA_OF = {
     "servegraph.raydash": "ray",
     "servegraph.runtime": "ray",
     "servegraph.examples": "ray",
+    # grpcio comes with ray[serve]: the generated stubs import it, Serve's gRPC proxy imports them.
+    "servegraph.v1.service_pb2_grpc": "ray",
 }
 # What the CLI imports to list `run`, `up`, `down` and `status`: core, whatever is installed.
 CLI_MODULES = {"servegraph.operator", "servegraph.operator.command", "servegraph.raydash", "servegraph.raydash.command"}
@@ -185,6 +187,7 @@ def test_the_venvs_hold_only_the_declared_closure(pythons: dict[str, Path]) -> N
         (["up", str(SAMPLES / "mini.txtpb")], "ray", "aiohttp"),
         (["down"], "ray", "aiohttp"),
         (["status", "fraud"], "operator", "kubernetes_asyncio"),
+        (["call", "--grpc", "127.0.0.1:9000", "--app", "a", "{}"], "ray", "grpc"),
     ],
 )
 def test_a_command_without_its_extra_says_which_to_install(

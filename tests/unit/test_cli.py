@@ -20,7 +20,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_validate_ok() -> None:
     out = run("validate", str(SAMPLES / "complete.txtpb"))
     assert out.returncode == 0, out.stderr
-    assert "graph 'complete' version '7.2.0' is valid (2 applications, 12 nodes)" in out.stdout
+    assert "graph 'complete' version '7.2.0' is valid (3 applications, 14 nodes)" in out.stdout
 
 
 def test_validate_reports_every_error_without_traceback(tmp_path: Path) -> None:

@@ -38,9 +38,12 @@ def runtime_series() -> dict[str, set[str]]:
         f"ray_{telemetry.REQUESTS}_total": edge,
         f"ray_{telemetry.ERRORS}_total": edge | {"reason"},
         f"ray_{telemetry.RETRIES}_total": edge | {"reason"},
+        f"ray_{telemetry.STREAMS}_total": edge,
+        f"ray_{telemetry.ITEMS}_total": edge,
     }
     for part in ("bucket", "count", "sum"):
-        out[f"ray_{telemetry.LATENCY}_{part}"] = edge | ({"le"} if part == "bucket" else set())
+        for histogram in (telemetry.LATENCY, telemetry.FIRST_ITEM):
+            out[f"ray_{histogram}_{part}"] = edge | ({"le"} if part == "bucket" else set())
     return out
 
 
@@ -75,7 +78,7 @@ def test_every_query_names_an_exported_metric_and_groups_by_its_labels() -> None
 
 def test_the_dashboard_covers_what_the_issue_asks_for() -> None:
     titles = [p["title"] for p in dashboard()["panels"]]
-    for wanted in ("Requests", "Errors", "p50", "p99", "Live graph version", "Rollouts"):
+    for wanted in ("Requests", "Errors", "p50", "p99", "Live graph version", "Rollouts", "items", "first item"):
         assert any(wanted in t for t in titles), f"no panel for {wanted}: {titles}"
     for expr in queries():
         if "ray_servegraph_" in expr or "servegraph_graph_info" in expr:

@@ -26,14 +26,15 @@ def test_a_missing_servegraph_module_is_a_broken_install_not_an_extra() -> None:
 
 
 def test_every_command_is_listed_whatever_is_installed() -> None:
-    """`run`, `fetch`, `up`, `down`, `status` and `restart` are registered by modules that import only the standard library."""
+    """`run`, `fetch`, `up`, `down`, `status` and `restart` are registered by modules that import only the standard
+    library; `call` by one that imports grpcio only when it calls."""
     probe = (
         "import sys; import servegraph.cli as cli; parser = cli._parser(); "
-        "heavy = sorted(m for m in ('kopf', 'aiohttp', 'kubernetes_asyncio', 'ray') if m in sys.modules); "
+        "heavy = sorted(m for m in ('kopf', 'aiohttp', 'kubernetes_asyncio', 'ray', 'grpc') if m in sys.modules); "
         "choices = parser._subparsers._group_actions[0].choices; print(sorted(choices), heavy)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (
-        "['diff', 'down', 'fetch', 'inspect', 'pack', 'render', 'restart', 'rollback', 'run', 'status', 'up', 'validate'] []"
+        "['call', 'diff', 'down', 'fetch', 'inspect', 'pack', 'render', 'restart', 'rollback', 'run', 'status', 'up', 'validate'] []"
     )

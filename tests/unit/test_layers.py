@@ -32,6 +32,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("apply: to Kubernetes, or straight to a Ray dashboard", {"kube", "raydash"}),
     ("`servegraph status`: reads back what the operator, KubeRay and Ray Serve report", {"statustree"}),
     ("status: the operator, which composes all of the above", {"operator"}),
+    # Calls a graph once it serves: beside the flow, it needs only the wire schema.
+    ("a client of served graphs over gRPC", {"grpc_client"}),
     ("the command line", {"cli"}),
 ]
 LAYER = {package: i for i, (_, packages) in enumerate(LAYERS) for package in packages}

@@ -125,9 +125,9 @@ def test_mirror_and_ready() -> None:
     assert ready_condition(graph, True, {}).reason == "WaitingForApplications"
     assert ready_condition(graph, False, {}).reason == "RayServiceMissing"
     assert ready_condition(None, False, {}).reason == "NoValidGraph"
-    two_apps = load_graph(SAMPLES / "complete.pb")
-    partial = ready_condition(two_apps, True, {"reviews": {"status": "RUNNING"}})
-    assert partial.status is False and partial.message == "search: not reported"
+    three_apps = load_graph(SAMPLES / "complete.pb")
+    partial = ready_condition(three_apps, True, {"reviews": {"status": "RUNNING"}})
+    assert partial.status is False and partial.message == "search: not reported; chat: not reported"
 
 
 def test_merge_patch_is_minimal_and_deletes_removed_keys() -> None:

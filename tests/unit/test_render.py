@@ -407,3 +407,13 @@ def test_the_rendered_autoscaler_options_pass_kuberays_schema(kuberay_crds: Path
     )
     manifest = render_rayservice(to_model(_autoscaling_graph()), options)
     jsonschema.Draft7Validator(_closed(version["schema"]["openAPIV3Schema"])).validate(manifest)
+
+
+def test_inspect_marks_streaming_nodes_and_edges() -> None:
+    from servegraph.render.inspect import describe
+
+    text = describe(load_graph(SAMPLES / "streaming.txtpb"))
+    assert "  node guard: servegraph.examples:Guard  [" in text  # unary: no mark
+    assert "  node gen-a: servegraph.examples:TokenGenerator (streams)  [" in text
+    assert "  node pipeline: sequence (streams)  [" in text
+    assert "    -> guard  (timeout 5s)\n    -> route  (stream, timeout 10s, retries 1)\n" in text

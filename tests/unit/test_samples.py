@@ -15,7 +15,7 @@ from servegraph.graph import Format, decode, encode, load_graph
 from servegraph.operator.parsing import GraphParser, parse_here
 from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config, serve_config_yaml
 
-NAMES = ["mini", "heterogeneous", "complete", "observed"]
+NAMES = ["mini", "heterogeneous", "complete", "observed", "streaming"]
 
 
 @pytest.fixture(scope="module")

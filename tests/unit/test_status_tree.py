@@ -387,3 +387,20 @@ def test_pods_the_caller_may_not_list_are_said_so_and_many_pods_are_bounded() ->
     text = render(Snapshot(sg, pods=many), NOW)
     assert "  w-019 (worker cpu)  Pending  no scheduling decision yet\n  … and 25 more\n" in text
     assert "w-020" not in text
+
+
+def test_the_streaming_sample_marks_every_node_whose_output_streams() -> None:
+    config = serve_config_yaml(load_graph(SAMPLES / "streaming.txtpb"))
+    sg = {"metadata": {"name": "streaming", "namespace": "ns"}, "status": {"rayServiceName": "streaming"}}
+    text = render(Snapshot(sg, {"spec": {"serveConfigV2": config}}), NOW)
+    kinds = [line[46:92].strip() for line in text.split("Graph as deployed:\n", 1)[1].splitlines()[2:]]
+    assert kinds == [
+        "sequence (streams)",
+        "servegraph.examples:Guard",  # the unary step before the stream
+        "switch on header x-model (streams)",
+        "servegraph.examples:TokenGenerator (streams)",
+        "splitter 90/10 (streams)",
+        "servegraph.examples:TokenGenerator (streams)",
+        "servegraph.examples:TokenGenerator (streams)",  # gen-b again, shown above
+        "servegraph.examples:StreamFilter (streams)",
+    ], text

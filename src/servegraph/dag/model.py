@@ -75,6 +75,8 @@ class DeploymentKind:
     import_path: str
     args: tuple[Argument, ...] = ()
     kwargs: tuple[tuple[str, Argument], ...] = ()
+    streaming: bool = False
+    """Its `__call__` is a generator: routers call it with `stream=True` (`dag.streams`)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,8 @@ class Application:
     """Node ids in topological order: dependencies first, ties broken by id."""
     runtime_env: RuntimeEnv = RuntimeEnv()
     telemetry: Telemetry = Telemetry()
+    grpc_servicer_functions: tuple[str, ...] = ()
+    """Import paths of the application's own gRPC servicer functions, besides GraphService's."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))

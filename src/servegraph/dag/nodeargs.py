@@ -72,6 +72,8 @@ def encode_node(node: Node) -> dict[str, Any]:
     match kind:
         case DeploymentKind():
             body = {"import_path": kind.import_path}
+            if kind.streaming:
+                body["streaming"] = True
             if kind.args:
                 body["args"] = [_encode_argument(a) for a in kind.args]
             if kind.kwargs:
@@ -173,7 +175,11 @@ def _decode_edge(p: Problems, where: str, raw: Any) -> tuple[str | None, Call]:
 
 
 def _decode_deployment(p: Problems, where: str, body: Mapping[str, Any]) -> NodeKind:
-    p.unknown_keys(f"{where}, field deployment", body, {"import_path", "args", "kwargs"})
+    p.unknown_keys(f"{where}, field deployment", body, {"import_path", "args", "kwargs", "streaming"})
+    streaming = body.get("streaming", False)
+    if not isinstance(streaming, bool):
+        p.add(f"{where}, field deployment.streaming: must be true or false, got {streaming!r}")
+        streaming = False
     import_path = body.get("import_path", "")
     if not isinstance(import_path, str):
         p.add(f"{where}, field deployment.import_path: must be a 'module.path:attribute' string, got {import_path!r}")
@@ -199,7 +205,7 @@ def _decode_deployment(p: Problems, where: str, body: Mapping[str, Any]) -> Node
             arg = _decode_argument(p, f"{where}, field deployment.kwargs[{k!r}]", a)
             if arg is not None:
                 kwargs.append((k, arg))
-    return DeploymentKind(import_path=import_path, args=tuple(args), kwargs=tuple(kwargs))
+    return DeploymentKind(import_path=import_path, args=tuple(args), kwargs=tuple(kwargs), streaming=streaming)
 
 
 def _decode_argument(p: Problems, where: str, raw: Any) -> Argument | None:

@@ -24,6 +24,11 @@ def kind_text(kind: NodeKind) -> str:
             return "splitter " + "/".join(str(weight) for _, weight in kind.routes)
 
 
+def kind_label(kind: NodeKind, streams: bool) -> str:
+    """`kind_text`, marked `(streams)` when the node's output is a stream (`dag.streams`)."""
+    return kind_text(kind) + (" (streams)" if streams else "")
+
+
 def call_text(call: Call) -> str:
     """`timeout 0.5s, retries 1, optional`; empty for a plain call."""
     parts = [f"timeout {call.timeout_s:g}s"] if call.timeout_s is not None else []

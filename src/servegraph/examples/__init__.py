@@ -12,14 +12,25 @@ import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from starlette.requests import Request
 
 from servegraph.runtime.payload import normalize_headers, payload_from_body
 
-__all__ = ["Echo", "Embedder", "MajorityVote", "Sentiment", "Slow", "Tokenizer", "text_of"]
+__all__ = [
+    "Echo",
+    "Embedder",
+    "Guard",
+    "MajorityVote",
+    "Sentiment",
+    "Slow",
+    "StreamFilter",
+    "TokenGenerator",
+    "Tokenizer",
+    "text_of",
+]
 
 _WORD = re.compile(r"[\w']+")
 POSITIVE = ("good", "great", "love", "excellent", "happy", "nice", "wonderful", "best")
@@ -157,6 +168,81 @@ class Slow(Echo):
         delay = item.get("delay_s", self.delay_s) if isinstance(item, Mapping) else self.delay_s
         await asyncio.sleep(_seconds(delay))
         return await super().__call__(item, headers)
+
+
+class Guard:
+    """Refuses a prompt containing a blocked word, else passes it on as `{"text": ...}`.
+
+    The unary step in front of a generator: a refused request fails before any token
+    is produced, so the client gets an error status rather than a stream.
+    """
+
+    def __init__(self, blocked: list[str] | None = None) -> None:
+        self.blocked = frozenset(w.lower() for w in (blocked or ["forbidden"]))
+
+    async def __call__(self, item: Any) -> dict[str, Any]:
+        text = await text_of(item)
+        hits = sorted({w for w in _WORD.findall(text.lower()) if w in self.blocked})
+        if hits:
+            raise ValueError(f"prompt refused: blocked word(s) {', '.join(hits)}")
+        out = dict(item) if isinstance(item, Mapping) else {}
+        out["text"] = text
+        return out
+
+
+class TokenGenerator:
+    """A deterministic "model" that streams: the prompt's words, cycled, one token at a time.
+
+    Declared `streaming: true` in a graph. Yields `{"model": tag, "index": i, "token": w}`
+    for `max_tokens` tokens (the payload's own `max_tokens`, else the constructor's),
+    waiting `delay_s` before each one after the first (the payload's `delay_s` overrides it),
+    so a client can see items arrive before the stream ends. No model download, no GPU.
+    """
+
+    def __init__(self, tag: str = "generator", max_tokens: int = 8, delay_s: float = 0.0) -> None:
+        self.tag = tag
+        self.max_tokens = _count(max_tokens)
+        self.delay_s = _seconds(delay_s)
+
+    async def __call__(self, item: Any) -> AsyncGenerator[dict[str, Any], None]:
+        text = await text_of(item)
+        words = _WORD.findall(text) or ["..."]
+        options = item if isinstance(item, Mapping) else {}
+        count = _count(options.get("max_tokens", self.max_tokens))
+        delay = _seconds(options.get("delay_s", self.delay_s))
+        for i in range(count):
+            if i and delay:
+                await asyncio.sleep(delay)
+            yield {"model": self.tag, "index": i, "token": words[i % len(words)]}
+
+
+class StreamFilter:
+    """A streaming transform: drops tokens on its block list and masks the ones it redacts.
+
+    Called once per item of the stream before it (a sequence step after a generator);
+    yields nothing for a dropped token, so the stream just skips it.
+    """
+
+    def __init__(self, drop: list[str] | None = None, redact: list[str] | None = None) -> None:
+        self.drop = frozenset(w.lower() for w in (drop or []))
+        self.redact = frozenset(w.lower() for w in (redact or []))
+
+    async def __call__(self, item: Any) -> AsyncGenerator[Any, None]:
+        token = item.get("token") if isinstance(item, Mapping) else None
+        if not isinstance(token, str):
+            yield item
+            return
+        if token.lower() in self.drop:
+            return
+        if token.lower() in self.redact:
+            item = {**item, "token": "*" * len(token), "redacted": True}
+        yield item
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100_000:
+        raise ValueError(f"max_tokens must be an integer in [0, 100000], got {value!r}")
+    return value
 
 
 def _seconds(value: Any) -> float:

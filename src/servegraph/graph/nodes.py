@@ -117,7 +117,7 @@ def _kind(msg: graph_pb2.Node, bad: Bad, budget: Budget) -> model.NodeKind | Non
         if d.kwargs:
             given = d.kwargs
             kwargs = tuple([(k, _argument(given[k], "deployment.kwargs", k, bad, budget)) for k in sorted(given)])
-        return model.DeploymentKind(import_path=d.import_path, args=args, kwargs=kwargs)
+        return model.DeploymentKind(import_path=d.import_path, args=args, kwargs=kwargs, streaming=d.streaming)
     if which == "sequence":
         steps = [_edge(r) for r in msg.sequence.steps]
         return model.SequenceKind(steps=tuple(i for i, _ in steps), calls=tuple(c for _, c in steps))

@@ -13,12 +13,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from servegraph.dag import model
+from servegraph.dag import model, streams
 from servegraph.dag.rules import NODE_ID
 from servegraph.gcpause import gc_paused
 from servegraph.graph import placement
 from servegraph.graph.errors import GraphError, Problem, where
 from servegraph.graph.nodes import MAX_STRING, Budget, finite_non_negative, to_node
+from servegraph.graph.servicers import servicer_functions
 from servegraph.graph.workers import plan_worker_groups
 from servegraph.v1 import graph_pb2
 
@@ -208,6 +209,7 @@ def _application(msg: graph_pb2.Application, problems: list[Problem], budget: Bu
 
     runtime_env = _runtime_env(app, msg.runtime_env, add)
     telemetry = _telemetry(app, msg.telemetry, add)
+    servicers = servicer_functions(app, msg.grpc_servicer_functions, add)
     nodes: dict[str, model.Node] = {}
     edges: dict[str, tuple[str, ...]] = {}
     node_msgs = msg.nodes
@@ -222,6 +224,11 @@ def _application(msg: graph_pb2.Application, problems: list[Problem], budget: Bu
     order = _order(app, msg.ingress, edges, add)
     if len(problems) > before or order is None:
         return None
+    kinds = {node_id: node.kind for node_id, node in nodes.items()}
+    for node_id, field, message in streams.problems(kinds, order, msg.ingress):
+        add(Problem(where(app=app, node=node_id, field=field), message))
+    if len(problems) > before:
+        return None
     return model.Application(
         name=app,
         route_prefix=prefix,
@@ -230,6 +237,7 @@ def _application(msg: graph_pb2.Application, problems: list[Problem], budget: Bu
         order=order,
         runtime_env=runtime_env,
         telemetry=telemetry,
+        grpc_servicer_functions=servicers,
     )
 
 

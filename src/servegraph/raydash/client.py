@@ -94,6 +94,9 @@ class ServeState:
     applications: Mapping[str, AppState]
     http_host: str | None
     http_port: int | None
+    grpc_port: int | None = None
+    grpc_servicer_functions: tuple[str, ...] = ()
+    """What Serve's gRPC proxy serves: fixed when Serve started, whatever was deployed since."""
 
 
 def parse_serve_details(doc: Mapping[str, Any]) -> ServeState:
@@ -128,10 +131,14 @@ def parse_serve_details(doc: Mapping[str, Any]) -> ServeState:
         )
     http = doc.get("http_options") or {}
     port = http.get("port")
+    grpc = doc.get("grpc_options") or {}
+    grpc_port = grpc.get("port")
     return ServeState(
         applications=apps,
         http_host=http.get("host"),
         http_port=port if isinstance(port, int) else None,
+        grpc_port=grpc_port if isinstance(grpc_port, int) else None,
+        grpc_servicer_functions=tuple(str(f) for f in grpc.get("grpc_servicer_functions") or ()),
     )
 
 

@@ -35,6 +35,18 @@ def add_arguments(subparsers: Any) -> None:
         help="start a local Ray head (with token auth) if no dashboard answers at --address",
     )
     up.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="Serve's HTTP port (default %(default)s), applied when this starts Serve on the cluster",
+    )
+    up.add_argument(
+        "--grpc-port",
+        type=int,
+        default=9000,
+        help="Serve's gRPC port (default %(default)s), applied when this starts Serve on the cluster",
+    )
+    up.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
@@ -75,6 +87,8 @@ def run_up(args: argparse.Namespace) -> int:
             token=args.token,
             start_local=args.start_local,
             timeout_s=args.timeout,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
         )
     )
 

@@ -20,7 +20,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from servegraph.dag import model
 from servegraph.graph import GraphError, load_graph
+from servegraph.graph.servicers import GRAPH_SERVICE_SERVICER
 from servegraph.raydash.client import (
     AppState,
     DashboardError,
@@ -32,19 +34,26 @@ from servegraph.raydash.client import (
 )
 from servegraph.raydash.command import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
 from servegraph.raydash.local import ensure_dashboard
-from servegraph.render.serve_config import serve_config_yaml
+from servegraph.render.serve_config import SERVE_GRPC_PORT, SERVE_HTTP_PORT, serve_config_yaml
 
 FAILED = frozenset({"DEPLOY_FAILED", "UNHEALTHY"})
 _HEARTBEAT_S = 15.0
 
 
-def render(path: Path) -> tuple[str, dict[str, Any]]:
+def render(
+    path: Path, *, http_port: int = SERVE_HTTP_PORT, grpc_port: int = SERVE_GRPC_PORT
+) -> tuple[str, dict[str, Any]]:
     """The serveConfigV2 string for the graph at `path`, and the config `up` sends: its parse.
 
     Sending the parse of the very string the operator puts in a RayService is
-    what makes `up` and the operator deploy the same thing.
+    what makes `up` and the operator deploy the same thing; only the ports may
+    differ, for a machine where the defaults are taken.
     """
-    text = serve_config_yaml(load_graph(path))
+    return _render(load_graph(path), http_port=http_port, grpc_port=grpc_port)
+
+
+def _render(graph: model.Graph, *, http_port: int, grpc_port: int) -> tuple[str, dict[str, Any]]:
+    text = serve_config_yaml(graph, http_port=http_port, grpc_port=grpc_port)
     return text, yaml.safe_load(text)
 
 
@@ -55,12 +64,17 @@ async def up(
     token: str | None = None,
     start_local: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    http_port: int = SERVE_HTTP_PORT,
+    grpc_port: int = SERVE_GRPC_PORT,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
+    """Serve applies the ports only when it starts: on a cluster where it runs, they stay
+    what they were (the printed URLs say Serve's real HTTP port)."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        _, config = render(path)
+        graph = load_graph(path)
+        _, config = _render(graph, http_port=http_port, grpc_port=grpc_port)
     except GraphError as e:
         for problem in e.problems:  # the CLI's format: one problem a line
             print(f"error: {path}: {problem}", file=err)
@@ -89,6 +103,7 @@ async def up(
         return 1
     for name, url in route_urls(outcome.state, _app_names(config), address):
         print(f"{name}: {url}", file=out)
+    print(grpc_line(outcome.state, graph_service_apps(graph), address), file=err)
     return 0
 
 
@@ -206,6 +221,31 @@ def route_urls(state: ServeState, app_names: Sequence[str], address: str) -> lis
         prefix = (app.route_prefix if app else None) or "/"
         urls.append((name, f"http://{host}:{port}{prefix}"))
     return urls
+
+
+def graph_service_apps(graph: model.Graph) -> list[str]:
+    """The applications to offer for GraphService: every one (a router or a class at the
+    ingress answers it; only a function deployment there cannot, which is not known
+    without importing it), those with a router ingress first."""
+    routed = [a.name for a in graph.applications if not isinstance(a.nodes[a.ingress].kind, model.DeploymentKind)]
+    return routed + [a.name for a in graph.applications if a.name not in routed]
+
+
+def grpc_line(state: ServeState, app_names: Sequence[str], address: str) -> str:
+    """How to call the graph over gRPC (`app_names`: the applications that answer it), or
+    why not: Serve takes its gRPC options only when it starts, so a cluster whose Serve
+    started without GraphService serves HTTP alone until Serve restarts."""
+    if GRAPH_SERVICE_SERVICER not in state.grpc_servicer_functions or state.grpc_port is None:
+        return (
+            "gRPC: not served: Serve was already running on this cluster without servegraph's GraphService "
+            "(it takes gRPC options only when it starts; `servegraph down`, then `up` again)"
+        )
+    if not app_names:
+        return "gRPC: the graph has no application to call"
+    host = urlsplit(address).hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"gRPC: servegraph call --grpc {host}:{state.grpc_port} --app {app_names[0]} PAYLOAD_JSON"
 
 
 def _app_names(config: Mapping[str, Any]) -> list[str]:

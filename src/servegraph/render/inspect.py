@@ -6,7 +6,8 @@ import json
 
 from servegraph.dag import model
 from servegraph.dag.args import refs
-from servegraph.dag.text import call_text, kind_text
+from servegraph.dag.streams import streaming_outputs
+from servegraph.dag.text import call_text, kind_label, kind_text
 from servegraph.graph.workers import GiB, plan_worker_groups
 
 
@@ -47,11 +48,13 @@ def describe(graph: model.Graph) -> str:
             lines.append(f"  forwards headers {', '.join(app.telemetry.forward_headers)}")
         if not app.telemetry.metrics:
             lines.append("  router metrics off")
+        streaming = streaming_outputs({n.id: n.kind for n in app.nodes.values()}, app.order)
         for node in app.ordered_nodes():
-            lines.append(f"  node {node.id}: {kind_text(node.kind)}  [{_resources(node)}]")
+            lines.append(f"  node {node.id}: {kind_label(node.kind, node.id in streaming)}  [{_resources(node)}]")
             notes = _call_notes(node)
             for child in node.edges:
-                lines.append(f"    -> {child}" + (f"  ({notes[child]})" if child in notes else ""))
+                note = ", ".join(x for x in ("stream" if child in streaming else "", notes.get(child, "")) if x)
+                lines.append(f"    -> {child}" + (f"  ({note})" if note else ""))
     lines.append("worker groups")
     for plan in plan_worker_groups(graph):
         shape = f"cpu={plan.cpus:g} gpu={plan.gpus} mem={plan.memory_bytes / GiB:g}Gi"

@@ -24,6 +24,7 @@ from servegraph.gcpause import gc_paused
 from servegraph.graph.errors import GraphError, Problem
 from servegraph.graph.workers import GiB, PodShape, WorkerGroupPlan, plan_worker_groups, uses_autoscaling
 from servegraph.names import (
+    GRPC_SERVICERS_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     RAY_API_VERSION,
@@ -32,7 +33,7 @@ from servegraph.names import (
     SPEC_HASH_ANNOTATION,
 )
 from servegraph.render.placement import pod_placement
-from servegraph.render.serve_config import SERVE_HTTP_PORT, serve_config_yaml
+from servegraph.render.serve_config import SERVE_GRPC_PORT, SERVE_HTTP_PORT, grpc_servicer_functions, serve_config_yaml
 from servegraph.render.upgrade import parse_quantity, stable_worker_groups
 
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -180,6 +181,10 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
         _worker_group(p, chosen or (DEFAULT_IMAGE + "-gpu" if p.gpus else DEFAULT_IMAGE), options.workers)
         for p in plans
     ]
+    own_servicers = grpc_servicer_functions(graph)[1:]
+    if own_servicers:
+        digest = hashlib.sha256("\n".join(own_servicers).encode()).hexdigest()[:16]
+        _annotate_pods(cluster, {GRPC_SERVICERS_ANNOTATION: digest}, head_only=True)
     if options.restarted_at:  # before the stable order: a restart starts clean, without parked groups
         _annotate_pods(cluster, {RESTARTED_AT_ANNOTATION: options.restarted_at})
     if options.previous_cluster:
@@ -239,9 +244,9 @@ def worker_pod_shape(resources: Mapping[str, Any] | None) -> PodShape:
     )
 
 
-def _annotate_pods(cluster: dict[str, Any], annotations: Mapping[str, str]) -> None:
-    """Add `annotations` to the head's and every worker group's pod template metadata."""
-    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+def _annotate_pods(cluster: dict[str, Any], annotations: Mapping[str, str], head_only: bool = False) -> None:
+    """Add `annotations` to the head's and (unless `head_only`) every worker group's pod template metadata."""
+    for group in [cluster["headGroupSpec"], *([] if head_only else cluster["workerGroupSpecs"])]:
         metadata = group["template"].setdefault("metadata", {})
         metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
 
@@ -313,6 +318,9 @@ def _head_template(image: str, overrides: PodOverrides) -> dict[str, Any]:
         {"containerPort": 8265, "name": "dashboard"},
         {"containerPort": 10001, "name": "client"},
         {"containerPort": SERVE_HTTP_PORT, "name": "serve"},
+        # KubeRay (v1.6+) adds every `serve-*` port of the head container to the serve
+        # Service, which then reaches Serve's gRPC proxy on the head and the workers.
+        {"containerPort": SERVE_GRPC_PORT, "name": "serve-grpc"},
     ]
     container = _container("ray-head", image, {"requests": limits, "limits": limits}, overrides, ports)
     return _pod_spec(container, overrides, {})

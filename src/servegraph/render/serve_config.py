@@ -21,8 +21,11 @@ import yaml
 
 from servegraph.dag import args, model
 from servegraph.gcpause import gc_paused
+from servegraph.graph.servicers import GRAPH_SERVICE_SERVICER
 
 SERVE_HTTP_PORT = 8000
+SERVE_GRPC_PORT = 9000
+"""Ray Serve's default gRPC port, written out: the serve Service's `serve-grpc` port must match it."""
 
 _Base: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml is ~10x faster, same output
 
@@ -42,23 +45,40 @@ def _str(dumper: Any, data: str) -> Any:
 _Dumper.add_representer(str, _str)
 
 
-def render_serve_config(graph: model.Graph) -> dict[str, Any]:
-    """Build the Serve config dict; key order is fixed so the YAML is stable."""
+def render_serve_config(
+    graph: model.Graph, *, http_port: int = SERVE_HTTP_PORT, grpc_port: int = SERVE_GRPC_PORT
+) -> dict[str, Any]:
+    """Build the Serve config dict; key order is fixed so the YAML is stable.
+
+    The ports are parameters for `servegraph up` on a machine where they are taken;
+    a RayService always has the defaults, which its container ports name.
+    """
     return {
         "proxy_location": "EveryNode",
-        "http_options": {"host": "0.0.0.0", "port": SERVE_HTTP_PORT},  # noqa: S104 - Serve's proxy must be reachable by the Service
+        "http_options": {"host": "0.0.0.0", "port": http_port},  # noqa: S104 - Serve's proxy must be reachable by the Service
+        "grpc_options": {"port": grpc_port, "grpc_servicer_functions": grpc_servicer_functions(graph)},
         "applications": [_application(graph, app) for app in graph.applications],
     }
 
 
+def grpc_servicer_functions(graph: model.Graph) -> list[str]:
+    """GraphService's servicer first, then every application's own, sorted and once each.
+
+    Serve's gRPC options are cluster-wide, not per application: the union, in an
+    order that does not depend on the applications' order, keeps the text stable.
+    """
+    own = {f for app in graph.applications for f in app.grpc_servicer_functions} - {GRAPH_SERVICE_SERVICER}
+    return [GRAPH_SERVICE_SERVICER, *sorted(own)]
+
+
 @gc_paused
-def serve_config_yaml(graph: model.Graph) -> str:
+def serve_config_yaml(graph: model.Graph, *, http_port: int = SERVE_HTTP_PORT, grpc_port: int = SERVE_GRPC_PORT) -> str:
     """The exact serveConfigV2 string: same graph, byte-identical text.
 
     KubeRay re-pushes the config whenever this string changes, so determinism
     here is what keeps a steady cluster steady. See `config_yaml` for the layout.
     """
-    return config_yaml(render_serve_config(graph))
+    return config_yaml(render_serve_config(graph, http_port=http_port, grpc_port=grpc_port))
 
 
 def config_yaml(config: Mapping[str, Any]) -> str:

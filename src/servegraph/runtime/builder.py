@@ -15,6 +15,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application, Deployment
 
+from servegraph.dag import streams
 from servegraph.dag.args import BuildError, decode, refs
 from servegraph.dag.model import (
     Argument,
@@ -27,6 +28,7 @@ from servegraph.dag.model import (
     SwitchKind,
 )
 from servegraph.runtime.calls import Child
+from servegraph.runtime.grpc_ingress import with_graph_service
 from servegraph.runtime.routers import (
     EnsembleRouter,
     SequenceRouter,
@@ -46,19 +48,27 @@ def build(args: Mapping[str, Any]) -> Application:
     dag = decode(args)
     context = GraphContext(dag.graph_name or "", dag.graph_version or "", dag.telemetry)
     routers = {n.id for n in dag.nodes if not isinstance(n.kind, DeploymentKind)}
+    kinds = {n.id: n.kind for n in dag.nodes}
+    order = [n.id for n in dag.nodes]
+    problems: list[str] = [
+        f'node "{node}"' + (f", field {field}" if field else "") + f": {message}"
+        for node, field, message in streams.problems(kinds, order, dag.ingress)
+    ]
+    if problems:
+        raise BuildError(problems)
+    streaming = streams.streaming_outputs(kinds, order)
     bound: dict[str, Application] = {}
     takes_headers: set[str] = set()
-    problems: list[str] = []
     for node in dag.nodes:
         if any(ref not in bound for _, ref in refs(node.kind)):
             continue  # a dependency already failed and was reported
         try:
             if isinstance(node.kind, DeploymentKind):
-                bound[node.id], asks = _bind_deployment(node.id, node.kind, bound)
+                bound[node.id], asks = _bind_deployment(node.id, node.kind, bound, node.id == dag.ingress)
                 if asks:
                     takes_headers.add(node.id)
             else:
-                bound[node.id] = _bind_router(node, bound, routers, takes_headers, context)
+                bound[node.id] = _bind_router(node, bound, routers, takes_headers, streaming, context)
         except BuildError as e:
             problems.extend(e.problems)
     if problems:
@@ -67,45 +77,62 @@ def build(args: Mapping[str, Any]) -> Application:
 
 
 def _bind_router(
-    node: Node, bound: Mapping[str, Application], routers: set[str], takes_headers: set[str], context: GraphContext
+    node: Node,
+    bound: Mapping[str, Application],
+    routers: set[str],
+    takes_headers: set[str],
+    streaming: frozenset[str],
+    context: GraphContext,
 ) -> Application:
     kind = node.kind
     assert not isinstance(kind, DeploymentKind)
+    # Only a streaming router is told so: every other router is bound exactly as before streams existed.
+    streams = {"streams": True} if node.id in streaming else {}
 
     def child(index: int, ref: str) -> Child:
-        return Child(ref, bound[ref], ref in routers, kind.call(index), ref in takes_headers)
+        return Child(ref, bound[ref], ref in routers, kind.call(index), ref in takes_headers, ref in streaming)
 
     match kind:
         case SequenceKind():
             steps = [child(i, s) for i, s in enumerate(kind.steps)]
-            return _router(SequenceRouter, node.id).bind(node.id, steps, context=context)
+            return _router(SequenceRouter, node.id).bind(node.id, steps, context=context, **streams)
         case EnsembleKind():
             members = [child(i, m) for i, m in enumerate(kind.members)]
             combiner = child(len(members), kind.combiner) if kind.combiner is not None else None
-            return _router(EnsembleRouter, node.id).bind(node.id, members, combiner, context=context)
+            return _router(EnsembleRouter, node.id).bind(node.id, members, combiner, context=context, **streams)
         case SwitchKind():
             cases = [(equals, child(i, ref)) for i, (equals, ref) in enumerate(kind.cases)]
             default = child(len(cases), kind.default)
             return _router(SwitchRouter, node.id).bind(
-                node.id, cases, default, field=kind.field, header=kind.header, context=context
+                node.id, cases, default, field=kind.field, header=kind.header, context=context, **streams
             )
         case SplitterKind():
             routes = [(child(i, r), w) for i, (r, w) in enumerate(kind.routes)]
-            return _router(SplitterRouter, node.id).bind(node.id, routes, context=context)
+            return _router(SplitterRouter, node.id).bind(node.id, routes, context=context, **streams)
 
 
 def _router(cls: type, node_id: str) -> Deployment:
     return serve.deployment(name=node_id)(cls)
 
 
-def _bind_deployment(node_id: str, kind: DeploymentKind, bound: Mapping[str, Application]) -> tuple[Application, bool]:
-    """The bound deployment, and whether its `__call__` asks for the forwarded headers."""
+def _bind_deployment(
+    node_id: str, kind: DeploymentKind, bound: Mapping[str, Application], ingress: bool
+) -> tuple[Application, bool]:
+    """The bound deployment, and whether its `__call__` asks for the forwarded headers.
+
+    User code at the ingress also answers GraphService (`grpc_ingress.py`)."""
     where = f'node "{node_id}", field deployment.import_path: {kind.import_path!r}'
     deployment = as_deployment(node_id, resolve_import_path(kind.import_path, where), where)
     args = [_value(a, bound) for a in kind.args]
     kwargs = {k: _value(a, bound) for k, a in kind.kwargs}
-    check_arguments(deployment.func_or_class, args, kwargs, f'node "{node_id}"')
-    return deployment.bind(*args, **kwargs), takes_headers(deployment.func_or_class)
+    target = deployment.func_or_class
+    check_arguments(target, args, kwargs, f'node "{node_id}"')
+    asks = takes_headers(target)
+    if ingress:
+        served = with_graph_service(target, node_id, asks)
+        if served is not target:
+            deployment = deployment.options(func_or_class=served)
+    return deployment.bind(*args, **kwargs), asks
 
 
 def takes_headers(target: Any) -> bool:

@@ -4,12 +4,17 @@ A child that times out (after its retries) raises `NodeTimeout` naming it, throu
 number of routers above it: the ingress answers 504 and says which node it was. The
 call is cancelled in the child as well (best effort, as `DeploymentResponse.cancel`),
 so a cut branch stops using its replica.
+
+A streaming child is called with `stream=True` (`invoke_stream`): the edge's timeout
+bounds the wait for the first item and each wait between items, a failure is retried
+only before the first item (after it, items have gone downstream), and a consumer that
+stops early (a client that went away) cancels the child's generator.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,7 @@ class Child:
     router: bool
     call: Call = DEFAULT_CALL
     takes_headers: bool = False
+    streams: bool = False
 
 
 class NodeTimeout(Exception):
@@ -55,6 +61,43 @@ class NodeTimeout(Exception):
     def body(self) -> dict[str, Any]:
         """What the response (or an optional ensemble member's entry) says about it."""
         return {"error": str(self), "node": self.node, "timed_out": True}
+
+
+class NodeFailed(Exception):
+    """A node raised while streaming: the error item names it, whichever router reports it."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        self.node = node
+        self.reason = reason
+        super().__init__(f'node "{node}" failed: {reason}')
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NodeFailed, (self.node, self.reason))
+
+    def body(self) -> dict[str, Any]:
+        # From the fields, not str(self): Ray re-raises it as a RayTaskError subclass whose text
+        # is the remote traceback.
+        return {"error": f'node "{self.node}" failed: {self.reason}', "node": self.node, "timed_out": False}
+
+
+def failed_of(exc: BaseException) -> NodeFailed | None:
+    """The NodeFailed in `exc` (itself or the cause Ray wrapped), as a plain NodeFailed."""
+    for candidate in (exc, getattr(exc, "cause", None)):
+        if isinstance(candidate, NodeFailed):
+            return NodeFailed(candidate.node, candidate.reason)
+    return None
+
+
+def failure_body(exc: BaseException, fallback_node: str) -> dict[str, Any]:
+    """What a client is told about `exc`: the node that failed or timed out and why."""
+    known = timeout_of(exc) or failed_of(exc)
+    return (known or NodeFailed(fallback_node, describe(exc))).body()
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of what user code raised (Ray wraps it; its traceback stays in the logs)."""
+    cause = getattr(exc, "cause", None) or exc
+    return f"{type(cause).__name__}: {cause}"
 
 
 def timeout_of(exc: BaseException) -> NodeTimeout | None:
@@ -123,4 +166,71 @@ async def _attempt(child: Child, payload: Any, headers: Headers, user_headers: H
         cancel = getattr(response, "cancel", None)
         if cancel is not None:
             cancel()
+        raise _AttemptTimedOut from None
+
+
+async def invoke_stream(
+    child: Child,
+    payload: Any,
+    headers: Headers,
+    user_headers: Headers,
+    retried: Observer | None = None,
+) -> AsyncGenerator[Any, None]:
+    """Call a streaming `child`: its items as they come (see the module docstring)."""
+    call = child.call
+    attempts = call.retries + 1
+    for attempt in range(1, attempts + 1):
+        stream = _open_stream(child, payload, headers, user_headers)
+        finished = False
+        try:
+            try:
+                first = await _next_item(stream, call.timeout_s)
+            except StopAsyncIteration:
+                finished = True
+                return
+            except _AttemptTimedOut:
+                assert call.timeout_s is not None
+                if attempt == attempts:
+                    raise NodeTimeout(child.id, call.timeout_s, attempts) from None
+                reason = "timeout"
+            except Exception:
+                if attempt == attempts:
+                    raise
+                reason = "error"
+            else:
+                yield first
+                while True:
+                    try:
+                        item = await _next_item(stream, call.timeout_s)
+                    except StopAsyncIteration:
+                        finished = True
+                        return
+                    except _AttemptTimedOut:
+                        assert call.timeout_s is not None
+                        raise NodeTimeout(child.id, call.timeout_s, attempt) from None
+                    yield item
+        finally:
+            if not finished:
+                stream.cancel()
+        if retried is not None:
+            retried(child.id, reason)
+
+
+def _open_stream(child: Child, payload: Any, headers: Headers, user_headers: Headers) -> Any:
+    if child.router:
+        return child.handle.options(method_name="stream", stream=True).remote(payload, headers)
+    handle = child.handle.options(stream=True)
+    return handle.remote(payload, headers=user_headers) if child.takes_headers else handle.remote(payload)
+
+
+async def _next_item(stream: Any, timeout_s: float | None) -> Any:
+    if timeout_s is None:
+        return await stream.__anext__()
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            return await stream.__anext__()
+    except TimeoutError:
+        if not deadline.expired():
+            raise
         raise _AttemptTimedOut from None

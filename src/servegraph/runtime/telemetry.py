@@ -25,6 +25,8 @@ from servegraph.dag.model import Telemetry
 TRACE_HEADERS = ("traceparent", "tracestate")
 HTTP_CALLER = "http"
 """The `caller` of the hop from Serve's HTTP proxy into the ingress router."""
+GRPC_CALLER = "grpc"
+"""The `caller` of the hop from Serve's gRPC proxy into the ingress router."""
 LATENCY_BUCKETS_MS = [1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
 
 # Prometheus names (Ray prefixes `ray_`, and counters get `_total`).
@@ -32,6 +34,9 @@ REQUESTS = "servegraph_requests"
 ERRORS = "servegraph_request_errors"
 RETRIES = "servegraph_request_retries"
 LATENCY = "servegraph_request_latency_ms"
+STREAMS = "servegraph_streams"
+ITEMS = "servegraph_stream_items"
+FIRST_ITEM = "servegraph_stream_first_item_ms"
 EDGE_TAGS = ("graph", "graph_version", "caller", "node")
 
 
@@ -72,13 +77,26 @@ class EdgeMetrics:
         self.latency = metrics.Histogram(
             LATENCY, "Latency of a router's call to a node, retries included", LATENCY_BUCKETS_MS, EDGE_TAGS
         )
+        self.streams = metrics.Counter(STREAMS, "Streams a router consumed, by edge", EDGE_TAGS)
+        self.items = metrics.Counter(ITEMS, "Items that passed over a streaming edge", EDGE_TAGS)
+        self.first_items = metrics.Histogram(
+            FIRST_ITEM, "Time from a streaming call to its first item", LATENCY_BUCKETS_MS, EDGE_TAGS
+        )
         self.label(context)
         self._tags: dict[tuple[str, ...], dict[str, str]] = {}
 
     def label(self, context: GraphContext) -> None:
         """Label every later record with this graph and version (a router's `reconfigure`)."""
         defaults = {"graph": context.graph, "graph_version": context.version}
-        for metric in (self.requests, self.errors, self.retries, self.latency):
+        for metric in (
+            self.requests,
+            self.errors,
+            self.retries,
+            self.latency,
+            self.streams,
+            self.items,
+            self.first_items,
+        ):
             metric.set_default_tags(dict(defaults))
 
     def _edge(self, caller: str, node: str, reason: str | None = None) -> dict[str, str]:
@@ -96,6 +114,21 @@ class EdgeMetrics:
     def call(self, caller: str, node: str, seconds: float) -> None:
         tags = self._edge(caller, node)
         self.requests.inc(1, tags)
+        self.latency.observe(seconds * 1000.0, tags)
+
+    def first_item(self, caller: str, node: str, seconds: float) -> None:
+        self.first_items.observe(seconds * 1000.0, self._edge(caller, node))
+
+    def streamed(self, caller: str, node: str, items: int, seconds: float) -> None:
+        """A stream over the edge ended (done, failed or abandoned): one call, its items, its duration.
+
+        Items are counted once per stream, not per item, to keep recording off the hot path.
+        """
+        tags = self._edge(caller, node)
+        self.requests.inc(1, tags)
+        self.streams.inc(1, tags)
+        if items:
+            self.items.inc(items, tags)
         self.latency.observe(seconds * 1000.0, tags)
 
     def failed(self, caller: str, node: str, reason: str) -> None:

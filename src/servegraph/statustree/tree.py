@@ -27,7 +27,8 @@ from servegraph.dag.model import (
     SplitterKind,
     SwitchKind,
 )
-from servegraph.dag.text import call_text, kind_text
+from servegraph.dag.streams import streaming_outputs
+from servegraph.dag.text import call_text, kind_label
 from servegraph.names import ConditionType
 from servegraph.statustree import pods
 
@@ -208,6 +209,8 @@ class _App:
     nodes: Mapping[str, Node]
     options: Mapping[str, Mapping[str, Any]]
     """The Serve config's deployment options by node id (replicas)."""
+    streaming: frozenset[str] = frozenset()
+    """Nodes whose output streams."""
 
 
 def graph_tree(snap: Snapshot) -> list[str]:
@@ -236,7 +239,9 @@ def graph_tree(snap: Snapshot) -> list[str]:
             out.append(f"  cannot read the graph from serveConfigV2: {exc.problems[0]}")
             continue
         options = {str(d.get("name")): d for d in raw.get("deployments") or [] if isinstance(d, Mapping)}
-        app = _App(name, raw.get("route_prefix", ""), decoded.ingress, {n.id: n for n in decoded.nodes}, options)
+        nodes = {n.id: n for n in decoded.nodes}
+        streaming = streaming_outputs({i: n.kind for i, n in nodes.items()}, nodes)
+        app = _App(name, raw.get("route_prefix", ""), decoded.ingress, nodes, options, streaming)
         rows: list[tuple[str, ...]] = [("NODE", "KIND", "STATE", "REPLICAS", "")]
         notes: list[tuple[int, str]] = []
         live = {} if starting else serve_apps.get(name) or {}  # the active cluster's replicas are not these
@@ -266,12 +271,12 @@ def _walk(
         rows.append((title, "?", "", "", "not in the deployed config"))
         return
     if node_id in seen:
-        rows.append((title, kind_text(node.kind), "", "", "(shown above)"))
+        rows.append((title, kind_label(node.kind, node_id in app.streaming), "", "", "(shown above)"))
         return
     seen.add(node_id)
     deployment = (app_status.get("deployments") or {}).get(node_id) or {}
     state = deployment.get("status", "")
-    rows.append((title, kind_text(node.kind), state, _replicas(app, node_id, serve_app), ""))
+    rows.append((title, kind_label(node.kind, node_id in app.streaming), state, _replicas(app, node_id, serve_app), ""))
     if deployment.get("message") and state != "HEALTHY":
         notes.append((len(rows) - 1, _one_line(deployment["message"])))
     children = _children(node)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19servegraph/v1/graph.proto\x12\rservegraph.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xff\x01\n\x05Graph\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\r\x12\x30\n\x0c\x61pplications\x18\x04 \x03(\x0b\x32\x1a.servegraph.v1.Application\x12,\n\x07\x63luster\x18\x05 \x01(\x0b\x32\x1b.servegraph.v1.ClusterHints\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .servegraph.v1.Graph.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\x0c\x43lusterHints\x12\x13\n\x0bray_version\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x35\n\rworker_groups\x18\x03 \x03(\x0b\x32\x1e.servegraph.v1.WorkerGroupHint\"\xad\x03\n\x0fWorkerGroupHint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\x08\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x03 \x01(\t\x12\x17\n\x0f\x63pus_per_worker\x18\x04 \x01(\x01\x12\x17\n\x0fgpus_per_worker\x18\x05 \x01(\r\x12\x1f\n\x17memory_bytes_per_worker\x18\x06 \x01(\x04\x12\x13\n\x0bmax_workers\x18\x07 \x01(\r\x12G\n\rnode_selector\x18\x08 \x03(\x0b\x32\x30.servegraph.v1.WorkerGroupHint.NodeSelectorEntry\x12.\n\x0btolerations\x18\t \x03(\x0b\x32\x19.servegraph.v1.Toleration\x12\x32\n\rnode_affinity\x18\n \x01(\x0b\x32\x1b.servegraph.v1.NodeAffinity\x12\x1b\n\x13priority_class_name\x18\x0b \x01(\t\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x82\x01\n\nToleration\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\x12\x1f\n\x12toleration_seconds\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x15\n\x13_toleration_seconds\"}\n\x0cNodeAffinity\x12\x31\n\x08required\x18\x01 \x03(\x0b\x32\x1f.servegraph.v1.NodeSelectorTerm\x12:\n\tpreferred\x18\x02 \x03(\x0b\x32\'.servegraph.v1.WeightedNodeSelectorTerm\"U\n\x10NodeSelectorTerm\x12\x41\n\x11match_expressions\x18\x01 \x03(\x0b\x32&.servegraph.v1.NodeSelectorRequirement\"H\n\x17NodeSelectorRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"Y\n\x18WeightedNodeSelectorTerm\x12\x0e\n\x06weight\x18\x01 \x01(\x05\x12-\n\x04term\x18\x02 \x01(\x0b\x32\x1f.servegraph.v1.NodeSelectorTerm\"\x98\x02\n\x0b\x41pplication\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0croute_prefix\x18\x02 \x01(\t\x12\x0f\n\x07ingress\x18\x03 \x01(\t\x12.\n\x0bruntime_env\x18\x04 \x01(\x0b\x32\x19.servegraph.v1.RuntimeEnv\x12\x34\n\x05nodes\x18\x05 \x03(\x0b\x32%.servegraph.v1.Application.NodesEntry\x12+\n\ttelemetry\x18\x06 \x01(\x0b\x32\x18.servegraph.v1.Telemetry\x1a\x41\n\nNodesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.servegraph.v1.Node:\x02\x38\x01\"=\n\tTelemetry\x12\x17\n\x0f\x66orward_headers\x18\x01 \x03(\t\x12\x17\n\x0f\x64isable_metrics\x18\x02 \x01(\x08\"\xac\x01\n\nRuntimeEnv\x12\x0b\n\x03pip\x18\x01 \x03(\t\x12\x38\n\x08\x65nv_vars\x18\x02 \x03(\x0b\x32&.servegraph.v1.RuntimeEnv.EnvVarsEntry\x12\x13\n\x0bworking_dir\x18\x03 \x01(\t\x12\x12\n\npy_modules\x18\x04 \x03(\t\x1a.\n\x0c\x45nvVarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd8\x04\n\x04Node\x12/\n\ndeployment\x18\x01 \x01(\x0b\x32\x19.servegraph.v1.DeploymentH\x00\x12+\n\x08sequence\x18\x02 \x01(\x0b\x32\x17.servegraph.v1.SequenceH\x00\x12+\n\x08\x65nsemble\x18\x03 \x01(\x0b\x32\x17.servegraph.v1.EnsembleH\x00\x12\'\n\x06switch\x18\x04 \x01(\x0b\x32\x15.servegraph.v1.SwitchH\x00\x12+\n\x08splitter\x18\x05 \x01(\x0b\x32\x17.servegraph.v1.SplitterH\x00\x12+\n\tresources\x18\n \x01(\x0b\x32\x18.servegraph.v1.Resources\x12\'\n\x07scaling\x18\x0b \x01(\x0b\x32\x16.servegraph.v1.Scaling\x12\x1c\n\x14max_ongoing_requests\x18\x0c \x01(\r\x12\x1b\n\x13max_queued_requests\x18\r \x01(\x05\x12,\n\x0buser_config\x18\x0e \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1d\n\x15health_check_period_s\x18\x0f \x01(\x01\x12\x1e\n\x16health_check_timeout_s\x18\x10 \x01(\x01\x12%\n\x1dgraceful_shutdown_wait_loop_s\x18\x11 \x01(\x01\x12#\n\x1bgraceful_shutdown_timeout_s\x18\x12 \x01(\x01\x12\x1d\n\x15max_replicas_per_node\x18\x13 \x01(\rB\x06\n\x04kind\"\xc7\x01\n\nDeployment\x12\x13\n\x0bimport_path\x18\x01 \x01(\t\x12%\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x17.servegraph.v1.Argument\x12\x35\n\x06kwargs\x18\x03 \x03(\x0b\x32%.servegraph.v1.Deployment.KwargsEntry\x1a\x46\n\x0bKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.servegraph.v1.Argument:\x02\x38\x01\"c\n\x08\x41rgument\x12\'\n\x05value\x18\x01 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12&\n\x04node\x18\x02 \x01(\x0b\x32\x16.servegraph.v1.NodeRefH\x00\x42\x06\n\x04kind\"K\n\x07NodeRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0f\n\x07retries\x18\x03 \x01(\r\x12\x10\n\x08optional\x18\x04 \x01(\x08\"1\n\x08Sequence\x12%\n\x05steps\x18\x01 \x03(\x0b\x32\x16.servegraph.v1.NodeRef\"]\n\x08\x45nsemble\x12\'\n\x07members\x18\x01 \x03(\x0b\x32\x16.servegraph.v1.NodeRef\x12(\n\x08\x63ombiner\x18\x02 \x01(\x0b\x32\x16.servegraph.v1.NodeRef\"\x84\x01\n\x06Switch\x12\x0f\n\x05\x66ield\x18\x01 \x01(\tH\x00\x12\x10\n\x06header\x18\x02 \x01(\tH\x00\x12(\n\x05\x63\x61ses\x18\x03 \x03(\x0b\x32\x19.servegraph.v1.SwitchCase\x12\'\n\x07\x64\x65\x66\x61ult\x18\x04 \x01(\x0b\x32\x16.servegraph.v1.NodeRefB\x04\n\x02on\"B\n\nSwitchCase\x12\x0e\n\x06\x65quals\x18\x01 \x01(\t\x12$\n\x04node\x18\x02 \x01(\x0b\x32\x16.servegraph.v1.NodeRef\"8\n\x08Splitter\x12,\n\x06routes\x18\x01 \x03(\x0b\x32\x1c.servegraph.v1.WeightedRoute\"E\n\rWeightedRoute\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.servegraph.v1.NodeRef\x12\x0e\n\x06weight\x18\x02 \x01(\r\"\xc4\x01\n\tResources\x12\x10\n\x08num_cpus\x18\x01 \x01(\x01\x12\x10\n\x08num_gpus\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x34\n\x06\x63ustom\x18\x04 \x03(\x0b\x32$.servegraph.v1.Resources.CustomEntry\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x05 \x01(\t\x1a-\n\x0b\x43ustomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"f\n\x07Scaling\x12\x19\n\x0cnum_replicas\x18\x01 \x01(\rH\x00\x88\x01\x01\x12/\n\x0b\x61utoscaling\x18\x02 \x01(\x0b\x32\x1a.servegraph.v1.AutoscalingB\x0f\n\r_num_replicas\"\xa8\x01\n\x0b\x41utoscaling\x12\x14\n\x0cmin_replicas\x18\x01 \x01(\r\x12\x14\n\x0cmax_replicas\x18\x02 \x01(\r\x12\x18\n\x10initial_replicas\x18\x03 \x01(\r\x12\x1f\n\x17target_ongoing_requests\x18\x04 \x01(\x01\x12\x17\n\x0fupscale_delay_s\x18\x05 \x01(\x01\x12\x19\n\x11\x64ownscale_delay_s\x18\x06 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19servegraph/v1/graph.proto\x12\rservegraph.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xff\x01\n\x05Graph\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0eschema_version\x18\x03 \x01(\r\x12\x30\n\x0c\x61pplications\x18\x04 \x03(\x0b\x32\x1a.servegraph.v1.Application\x12,\n\x07\x63luster\x18\x05 \x01(\x0b\x32\x1b.servegraph.v1.ClusterHints\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .servegraph.v1.Graph.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"i\n\x0c\x43lusterHints\x12\x13\n\x0bray_version\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x35\n\rworker_groups\x18\x03 \x03(\x0b\x32\x1e.servegraph.v1.WorkerGroupHint\"\xad\x03\n\x0fWorkerGroupHint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\x08\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x03 \x01(\t\x12\x17\n\x0f\x63pus_per_worker\x18\x04 \x01(\x01\x12\x17\n\x0fgpus_per_worker\x18\x05 \x01(\r\x12\x1f\n\x17memory_bytes_per_worker\x18\x06 \x01(\x04\x12\x13\n\x0bmax_workers\x18\x07 \x01(\r\x12G\n\rnode_selector\x18\x08 \x03(\x0b\x32\x30.servegraph.v1.WorkerGroupHint.NodeSelectorEntry\x12.\n\x0btolerations\x18\t \x03(\x0b\x32\x19.servegraph.v1.Toleration\x12\x32\n\rnode_affinity\x18\n \x01(\x0b\x32\x1b.servegraph.v1.NodeAffinity\x12\x1b\n\x13priority_class_name\x18\x0b \x01(\t\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x82\x01\n\nToleration\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x04 \x01(\t\x12\x1f\n\x12toleration_seconds\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x15\n\x13_toleration_seconds\"}\n\x0cNodeAffinity\x12\x31\n\x08required\x18\x01 \x03(\x0b\x32\x1f.servegraph.v1.NodeSelectorTerm\x12:\n\tpreferred\x18\x02 \x03(\x0b\x32\'.servegraph.v1.WeightedNodeSelectorTerm\"U\n\x10NodeSelectorTerm\x12\x41\n\x11match_expressions\x18\x01 \x03(\x0b\x32&.servegraph.v1.NodeSelectorRequirement\"H\n\x17NodeSelectorRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"Y\n\x18WeightedNodeSelectorTerm\x12\x0e\n\x06weight\x18\x01 \x01(\x05\x12-\n\x04term\x18\x02 \x01(\x0b\x32\x1f.servegraph.v1.NodeSelectorTerm\"\xb9\x02\n\x0b\x41pplication\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0croute_prefix\x18\x02 \x01(\t\x12\x0f\n\x07ingress\x18\x03 \x01(\t\x12.\n\x0bruntime_env\x18\x04 \x01(\x0b\x32\x19.servegraph.v1.RuntimeEnv\x12\x34\n\x05nodes\x18\x05 \x03(\x0b\x32%.servegraph.v1.Application.NodesEntry\x12+\n\ttelemetry\x18\x06 \x01(\x0b\x32\x18.servegraph.v1.Telemetry\x12\x1f\n\x17grpc_servicer_functions\x18\x07 \x03(\t\x1a\x41\n\nNodesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.servegraph.v1.Node:\x02\x38\x01\"=\n\tTelemetry\x12\x17\n\x0f\x66orward_headers\x18\x01 \x03(\t\x12\x17\n\x0f\x64isable_metrics\x18\x02 \x01(\x08\"\xac\x01\n\nRuntimeEnv\x12\x0b\n\x03pip\x18\x01 \x03(\t\x12\x38\n\x08\x65nv_vars\x18\x02 \x03(\x0b\x32&.servegraph.v1.RuntimeEnv.EnvVarsEntry\x12\x13\n\x0bworking_dir\x18\x03 \x01(\t\x12\x12\n\npy_modules\x18\x04 \x03(\t\x1a.\n\x0c\x45nvVarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd8\x04\n\x04Node\x12/\n\ndeployment\x18\x01 \x01(\x0b\x32\x19.servegraph.v1.DeploymentH\x00\x12+\n\x08sequence\x18\x02 \x01(\x0b\x32\x17.servegraph.v1.SequenceH\x00\x12+\n\x08\x65nsemble\x18\x03 \x01(\x0b\x32\x17.servegraph.v1.EnsembleH\x00\x12\'\n\x06switch\x18\x04 \x01(\x0b\x32\x15.servegraph.v1.SwitchH\x00\x12+\n\x08splitter\x18\x05 \x01(\x0b\x32\x17.servegraph.v1.SplitterH\x00\x12+\n\tresources\x18\n \x01(\x0b\x32\x18.servegraph.v1.Resources\x12\'\n\x07scaling\x18\x0b \x01(\x0b\x32\x16.servegraph.v1.Scaling\x12\x1c\n\x14max_ongoing_requests\x18\x0c \x01(\r\x12\x1b\n\x13max_queued_requests\x18\r \x01(\x05\x12,\n\x0buser_config\x18\x0e \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1d\n\x15health_check_period_s\x18\x0f \x01(\x01\x12\x1e\n\x16health_check_timeout_s\x18\x10 \x01(\x01\x12%\n\x1dgraceful_shutdown_wait_loop_s\x18\x11 \x01(\x01\x12#\n\x1bgraceful_shutdown_timeout_s\x18\x12 \x01(\x01\x12\x1d\n\x15max_replicas_per_node\x18\x13 \x01(\rB\x06\n\x04kind\"\xda\x01\n\nDeployment\x12\x13\n\x0bimport_path\x18\x01 \x01(\t\x12%\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x17.servegraph.v1.Argument\x12\x35\n\x06kwargs\x18\x03 \x03(\x0b\x32%.servegraph.v1.Deployment.KwargsEntry\x12\x11\n\tstreaming\x18\x04 \x01(\x08\x1a\x46\n\x0bKwargsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.servegraph.v1.Argument:\x02\x38\x01\"c\n\x08\x41rgument\x12\'\n\x05value\x18\x01 \x01(\x0b\x32\x16.google.protobuf.ValueH\x00\x12&\n\x04node\x18\x02 \x01(\x0b\x32\x16.servegraph.v1.NodeRefH\x00\x42\x06\n\x04kind\"K\n\x07NodeRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0f\n\x07retries\x18\x03 \x01(\r\x12\x10\n\x08optional\x18\x04 \x01(\x08\"1\n\x08Sequence\x12%\n\x05steps\x18\x01 \x03(\x0b\x32\x16.servegraph.v1.NodeRef\"]\n\x08\x45nsemble\x12\'\n\x07members\x18\x01 \x03(\x0b\x32\x16.servegraph.v1.NodeRef\x12(\n\x08\x63ombiner\x18\x02 \x01(\x0b\x32\x16.servegraph.v1.NodeRef\"\x84\x01\n\x06Switch\x12\x0f\n\x05\x66ield\x18\x01 \x01(\tH\x00\x12\x10\n\x06header\x18\x02 \x01(\tH\x00\x12(\n\x05\x63\x61ses\x18\x03 \x03(\x0b\x32\x19.servegraph.v1.SwitchCase\x12\'\n\x07\x64\x65\x66\x61ult\x18\x04 \x01(\x0b\x32\x16.servegraph.v1.NodeRefB\x04\n\x02on\"B\n\nSwitchCase\x12\x0e\n\x06\x65quals\x18\x01 \x01(\t\x12$\n\x04node\x18\x02 \x01(\x0b\x32\x16.servegraph.v1.NodeRef\"8\n\x08Splitter\x12,\n\x06routes\x18\x01 \x03(\x0b\x32\x1c.servegraph.v1.WeightedRoute\"E\n\rWeightedRoute\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.servegraph.v1.NodeRef\x12\x0e\n\x06weight\x18\x02 \x01(\r\"\xc4\x01\n\tResources\x12\x10\n\x08num_cpus\x18\x01 \x01(\x01\x12\x10\n\x08num_gpus\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x34\n\x06\x63ustom\x18\x04 \x03(\x0b\x32$.servegraph.v1.Resources.CustomEntry\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x05 \x01(\t\x1a-\n\x0b\x43ustomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"f\n\x07Scaling\x12\x19\n\x0cnum_replicas\x18\x01 \x01(\rH\x00\x88\x01\x01\x12/\n\x0b\x61utoscaling\x18\x02 \x01(\x0b\x32\x1a.servegraph.v1.AutoscalingB\x0f\n\r_num_replicas\"\xa8\x01\n\x0b\x41utoscaling\x12\x14\n\x0cmin_replicas\x18\x01 \x01(\r\x12\x14\n\x0cmax_replicas\x18\x02 \x01(\r\x12\x18\n\x10initial_replicas\x18\x03 \x01(\r\x12\x1f\n\x17target_ongoing_requests\x18\x04 \x01(\x01\x12\x17\n\x0fupscale_delay_s\x18\x05 \x01(\x01\x12\x19\n\x11\x64ownscale_delay_s\x18\x06 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -65,43 +65,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WEIGHTEDNODESELECTORTERM']._serialized_start=1292
   _globals['_WEIGHTEDNODESELECTORTERM']._serialized_end=1381
   _globals['_APPLICATION']._serialized_start=1384
-  _globals['_APPLICATION']._serialized_end=1664
-  _globals['_APPLICATION_NODESENTRY']._serialized_start=1599
-  _globals['_APPLICATION_NODESENTRY']._serialized_end=1664
-  _globals['_TELEMETRY']._serialized_start=1666
-  _globals['_TELEMETRY']._serialized_end=1727
-  _globals['_RUNTIMEENV']._serialized_start=1730
-  _globals['_RUNTIMEENV']._serialized_end=1902
-  _globals['_RUNTIMEENV_ENVVARSENTRY']._serialized_start=1856
-  _globals['_RUNTIMEENV_ENVVARSENTRY']._serialized_end=1902
-  _globals['_NODE']._serialized_start=1905
-  _globals['_NODE']._serialized_end=2505
-  _globals['_DEPLOYMENT']._serialized_start=2508
-  _globals['_DEPLOYMENT']._serialized_end=2707
-  _globals['_DEPLOYMENT_KWARGSENTRY']._serialized_start=2637
-  _globals['_DEPLOYMENT_KWARGSENTRY']._serialized_end=2707
-  _globals['_ARGUMENT']._serialized_start=2709
-  _globals['_ARGUMENT']._serialized_end=2808
-  _globals['_NODEREF']._serialized_start=2810
-  _globals['_NODEREF']._serialized_end=2885
-  _globals['_SEQUENCE']._serialized_start=2887
-  _globals['_SEQUENCE']._serialized_end=2936
-  _globals['_ENSEMBLE']._serialized_start=2938
-  _globals['_ENSEMBLE']._serialized_end=3031
-  _globals['_SWITCH']._serialized_start=3034
-  _globals['_SWITCH']._serialized_end=3166
-  _globals['_SWITCHCASE']._serialized_start=3168
-  _globals['_SWITCHCASE']._serialized_end=3234
-  _globals['_SPLITTER']._serialized_start=3236
-  _globals['_SPLITTER']._serialized_end=3292
-  _globals['_WEIGHTEDROUTE']._serialized_start=3294
-  _globals['_WEIGHTEDROUTE']._serialized_end=3363
-  _globals['_RESOURCES']._serialized_start=3366
-  _globals['_RESOURCES']._serialized_end=3562
-  _globals['_RESOURCES_CUSTOMENTRY']._serialized_start=3517
-  _globals['_RESOURCES_CUSTOMENTRY']._serialized_end=3562
-  _globals['_SCALING']._serialized_start=3564
-  _globals['_SCALING']._serialized_end=3666
-  _globals['_AUTOSCALING']._serialized_start=3669
-  _globals['_AUTOSCALING']._serialized_end=3837
+  _globals['_APPLICATION']._serialized_end=1697
+  _globals['_APPLICATION_NODESENTRY']._serialized_start=1632
+  _globals['_APPLICATION_NODESENTRY']._serialized_end=1697
+  _globals['_TELEMETRY']._serialized_start=1699
+  _globals['_TELEMETRY']._serialized_end=1760
+  _globals['_RUNTIMEENV']._serialized_start=1763
+  _globals['_RUNTIMEENV']._serialized_end=1935
+  _globals['_RUNTIMEENV_ENVVARSENTRY']._serialized_start=1889
+  _globals['_RUNTIMEENV_ENVVARSENTRY']._serialized_end=1935
+  _globals['_NODE']._serialized_start=1938
+  _globals['_NODE']._serialized_end=2538
+  _globals['_DEPLOYMENT']._serialized_start=2541
+  _globals['_DEPLOYMENT']._serialized_end=2759
+  _globals['_DEPLOYMENT_KWARGSENTRY']._serialized_start=2689
+  _globals['_DEPLOYMENT_KWARGSENTRY']._serialized_end=2759
+  _globals['_ARGUMENT']._serialized_start=2761
+  _globals['_ARGUMENT']._serialized_end=2860
+  _globals['_NODEREF']._serialized_start=2862
+  _globals['_NODEREF']._serialized_end=2937
+  _globals['_SEQUENCE']._serialized_start=2939
+  _globals['_SEQUENCE']._serialized_end=2988
+  _globals['_ENSEMBLE']._serialized_start=2990
+  _globals['_ENSEMBLE']._serialized_end=3083
+  _globals['_SWITCH']._serialized_start=3086
+  _globals['_SWITCH']._serialized_end=3218
+  _globals['_SWITCHCASE']._serialized_start=3220
+  _globals['_SWITCHCASE']._serialized_end=3286
+  _globals['_SPLITTER']._serialized_start=3288
+  _globals['_SPLITTER']._serialized_end=3344
+  _globals['_WEIGHTEDROUTE']._serialized_start=3346
+  _globals['_WEIGHTEDROUTE']._serialized_end=3415
+  _globals['_RESOURCES']._serialized_start=3418
+  _globals['_RESOURCES']._serialized_end=3614
+  _globals['_RESOURCES_CUSTOMENTRY']._serialized_start=3569
+  _globals['_RESOURCES_CUSTOMENTRY']._serialized_end=3614
+  _globals['_SCALING']._serialized_start=3616
+  _globals['_SCALING']._serialized_end=3718
+  _globals['_AUTOSCALING']._serialized_start=3721
+  _globals['_AUTOSCALING']._serialized_end=3889
 # @@protoc_insertion_point(module_scope)

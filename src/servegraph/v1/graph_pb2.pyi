@@ -120,7 +120,7 @@ class WeightedNodeSelectorTerm(_message.Message):
     def __init__(self, weight: _Optional[int] = ..., term: _Optional[_Union[NodeSelectorTerm, _Mapping]] = ...) -> None: ...
 
 class Application(_message.Message):
-    __slots__ = ("name", "route_prefix", "ingress", "runtime_env", "nodes", "telemetry")
+    __slots__ = ("name", "route_prefix", "ingress", "runtime_env", "nodes", "telemetry", "grpc_servicer_functions")
     class NodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -134,13 +134,15 @@ class Application(_message.Message):
     RUNTIME_ENV_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    GRPC_SERVICER_FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     route_prefix: str
     ingress: str
     runtime_env: RuntimeEnv
     nodes: _containers.MessageMap[str, Node]
     telemetry: Telemetry
-    def __init__(self, name: _Optional[str] = ..., route_prefix: _Optional[str] = ..., ingress: _Optional[str] = ..., runtime_env: _Optional[_Union[RuntimeEnv, _Mapping]] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
+    grpc_servicer_functions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., route_prefix: _Optional[str] = ..., ingress: _Optional[str] = ..., runtime_env: _Optional[_Union[RuntimeEnv, _Mapping]] = ..., nodes: _Optional[_Mapping[str, Node]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., grpc_servicer_functions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Telemetry(_message.Message):
     __slots__ = ("forward_headers", "disable_metrics")
@@ -204,7 +206,7 @@ class Node(_message.Message):
     def __init__(self, deployment: _Optional[_Union[Deployment, _Mapping]] = ..., sequence: _Optional[_Union[Sequence, _Mapping]] = ..., ensemble: _Optional[_Union[Ensemble, _Mapping]] = ..., switch: _Optional[_Union[Switch, _Mapping]] = ..., splitter: _Optional[_Union[Splitter, _Mapping]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., scaling: _Optional[_Union[Scaling, _Mapping]] = ..., max_ongoing_requests: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., user_config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., health_check_period_s: _Optional[float] = ..., health_check_timeout_s: _Optional[float] = ..., graceful_shutdown_wait_loop_s: _Optional[float] = ..., graceful_shutdown_timeout_s: _Optional[float] = ..., max_replicas_per_node: _Optional[int] = ...) -> None: ...
 
 class Deployment(_message.Message):
-    __slots__ = ("import_path", "args", "kwargs")
+    __slots__ = ("import_path", "args", "kwargs", "streaming")
     class KwargsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -215,10 +217,12 @@ class Deployment(_message.Message):
     IMPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     KWARGS_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
     import_path: str
     args: _containers.RepeatedCompositeFieldContainer[Argument]
     kwargs: _containers.MessageMap[str, Argument]
-    def __init__(self, import_path: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Argument]] = ...) -> None: ...
+    streaming: bool
+    def __init__(self, import_path: _Optional[str] = ..., args: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., kwargs: _Optional[_Mapping[str, Argument]] = ..., streaming: _Optional[bool] = ...) -> None: ...
 
 class Argument(_message.Message):
     __slots__ = ("value", "node")
