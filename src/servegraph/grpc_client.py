@@ -13,9 +13,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2
-
 from servegraph.extras import needs_extra
+from servegraph.runtime.grpcwire import from_value, to_value
 from servegraph.v1 import service_pb2
 
 APPLICATION_METADATA = "application"
@@ -83,30 +82,6 @@ def stream(
                 yield from_value(response.item)
         except grpc.RpcError as e:
             raise _rpc_error(e, application) from None
-
-
-def to_value(payload: Any) -> struct_pb2.Value:
-    """A JSON value as `google.protobuf.Value`; anything JSON cannot say is refused."""
-    try:
-        return json_format.ParseDict(payload, struct_pb2.Value())
-    except (json_format.ParseError, TypeError, ValueError) as e:
-        raise ValueError(f"the payload is not a JSON value: {e}") from None
-
-
-def from_value(value: struct_pb2.Value) -> Any:
-    """`Value` back to JSON. Its numbers are doubles: whole ones come back as ints, as the
-    same answer over HTTP would read."""
-    return _whole(json_format.MessageToDict(value))
-
-
-def _whole(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    return value
 
 
 def _graph_error(error: service_pb2.Error) -> CallError:

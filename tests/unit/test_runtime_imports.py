@@ -63,3 +63,21 @@ def test_the_package_root_imports_nothing() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_command_line_and_the_grpc_wire_import_no_ray() -> None:
+    """The operator's image has no Ray: `servegraph run` must start without it, though the
+    command line shares GraphService's wire rules with the runtime (a crash loop once)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; import servegraph.cli, servegraph.grpc_client, servegraph.runtime.grpcwire; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

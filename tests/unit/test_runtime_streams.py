@@ -302,3 +302,15 @@ async def test_guard_refuses_a_blocked_prompt_naming_the_word() -> None:
     assert await guard({"text": "hi there", "max_tokens": 2}) == {"text": "hi there", "max_tokens": 2}
     with pytest.raises(ValueError, match="blocked word"):
         await guard("this is Forbidden")
+
+
+async def test_whole_numbers_reach_user_code_as_ints_over_grpc() -> None:
+    """Value's numbers are doubles: a payload's `5` must still be `range()`-able, as over HTTP."""
+    seen: list[Any] = []
+    seq = SequenceRouter("seq", [child("n", lambda p: seen.append(p) or p, False)])
+    req = service_pb2.CallRequest()
+    req.payload.struct_value.update({"max_tokens": 5, "t": 0.5, "xs": [1, 2.5]})
+    reply = await seq.Call(req)
+    assert seen == [{"max_tokens": 5, "t": 0.5, "xs": [1, 2.5]}]
+    assert type(seen[0]["max_tokens"]) is int and type(seen[0]["xs"][0]) is int
+    assert not reply.HasField("error")

@@ -41,7 +41,19 @@ How a request flows
   naming it.
 """
 
+from typing import Any
+
 from servegraph.dag.args import BuildError
-from servegraph.runtime.builder import build
 
 __all__ = ["BuildError", "build"]
+
+
+def __getattr__(name: str) -> Any:
+    # `build` imports Ray; loaded when Serve resolves `servegraph.runtime:build`, so the
+    # modules here that need no Ray (the payload and gRPC wire rules, which the operator's
+    # command line shares) import without it.
+    if name == "build":
+        from servegraph.runtime.builder import build
+
+        return build
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

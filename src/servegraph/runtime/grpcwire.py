@@ -1,8 +1,10 @@
 """GraphService's wire: payloads, items and errors as protobuf (`servegraph.v1.service_pb2`).
 
 Payloads and items are `google.protobuf.Value`s, so what a gRPC client sends is what
-an HTTP client's JSON body would be (numbers are doubles on this wire: 3 arrives as
-3.0). Imported by a router on its first gRPC call only: the builder and HTTP serving
+an HTTP client's JSON body would be. Numbers are doubles on this wire: a whole one is
+read back as an int, on both ends, as the same JSON over HTTP would parse (`3`, not
+`3.0`), so code written for HTTP payloads (`range(payload["n"])`) works unchanged.
+Shared by the runtime and `servegraph.grpc_client`. Imported by a router on its first gRPC call only: the builder and HTTP serving
 need no generated protobuf code, so an old protobuf in a Ray image costs only gRPC.
 """
 
@@ -20,18 +22,33 @@ from servegraph.v1 import service_pb2
 
 def unpack(request: service_pb2.CallRequest | service_pb2.StreamRequest) -> tuple[Any, Headers]:
     """A request's payload as a Python value, and its headers."""
-    payload = json_format.MessageToDict(request.payload) if request.HasField("payload") else None
+    payload = from_value(request.payload) if request.HasField("payload") else None
     return payload, normalize_headers(request.headers.items())
 
 
-def to_value(result: Any) -> struct_pb2.Value:
-    """A JSON result as a protobuf Value; ValueError naming what does not fit."""
+def to_value(data: Any) -> struct_pb2.Value:
+    """A JSON value as a protobuf Value; ValueError naming what does not fit."""
     value = struct_pb2.Value()
     try:
-        json.dumps(result, allow_nan=False)  # ParseDict lets some non-JSON through (tuples, NaN)
-        json_format.ParseDict(result, value)
+        json.dumps(data, allow_nan=False)  # ParseDict lets some non-JSON through (tuples, NaN)
+        json_format.ParseDict(data, value)
     except (json_format.ParseError, TypeError, ValueError) as e:
-        raise ValueError(f"result is not JSON: {e}") from None
+        raise ValueError(f"not a JSON value: {e}") from None
+    return value
+
+
+def from_value(value: struct_pb2.Value) -> Any:
+    """A Value as JSON, whole numbers as ints (see the module docstring)."""
+    return _whole(json_format.MessageToDict(value))
+
+
+def _whole(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
     return value
 
 
