@@ -161,10 +161,16 @@ async def _grpc_line(stack: Stack) -> str:
     """
     service = f"{NAME}-serve-svc"
     target = f"{await asyncio.to_thread(stack.service_ip, NAMESPACE, service)}:{SERVE_GRPC_PORT}"
-    try:
-        answer = await asyncio.to_thread(grpc_client.call, target, APP, QUESTION, timeout_s=30)
-    except grpc_client.CallError as e:
-        return f"  (gRPC {target} did not answer: {e})"
+    deadline = time.monotonic() + 90
+    while True:  # a client of a Service sends again what was lost (routes.py, `answer`)
+        try:
+            answer = await asyncio.to_thread(grpc_client.call, target, APP, QUESTION, timeout_s=30)
+            break
+        except grpc_client.CallError as e:
+            if time.monotonic() > deadline:
+                return f"  (gRPC {target} did not answer: {e})"
+            say(f"  (gRPC {target}: {e}; sending again)")
+            await asyncio.sleep(2)
     say(f"  gRPC GraphService.Call {target} application {APP} {json.dumps(QUESTION)}  ->  {json.dumps(answer)}")
     return f"  {ROOT / '.venv' / 'bin' / 'servegraph'} call --grpc {target} --app {APP} '{json.dumps(QUESTION)}'"
 

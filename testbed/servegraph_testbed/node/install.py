@@ -35,7 +35,7 @@ class Installed:
 
 def install_crd(cluster: NodeCluster) -> None:
     cluster.cp.kubectl("apply", "--server-side", "-k", str(REPO_ROOT / "config" / "crd"))
-    cluster.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servegraphs.servegraph.io")
+    cluster.cp.kubectl("wait", "--for=condition=Established", "--timeout=180s", "crd/servegraphs.servegraph.io")
 
 
 def install_kuberay(cluster: NodeCluster) -> None:
