@@ -10,7 +10,7 @@ BUF_DIR := $(HOME)/.cache/servegraph/buf-$(BUF_VERSION)
 BUF := $(BUF_DIR)/node_modules/.bin/buf
 PYTEST_ARGS ?=
 
-.PHONY: venv testenv images proto proto-check lint test test-fast test-node test-unit demo demo-check bench bench-large bench-baseline clean
+.PHONY: venv testenv images proto proto-check lint test test-fast test-node test-unit demo demo-check bench bench-large bench-baseline bench-streams clean
 
 $(VENV)/.installed: pyproject.toml testbed/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,11 @@ bench-large: venv
 ## bench-baseline: record the figures of the last bench runs (every $(BENCH_OUT)/operator-*.json) as the baseline
 bench-baseline: venv
 	$(PY) bench/regression.py record --baseline $(BENCH_BASELINE) $(BENCH_OUT)/operator-*.json
+
+## bench-streams: on one local Ray Serve, streams through a servegraph sequence + switch vs the same chain
+## hand-written with Serve handles, and gRPC vs HTTP for one unary graph (bench/stream_bench.py, ~3 min; BENCHMARKS.md)
+bench-streams: venv
+	$(PY) bench/stream_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
