@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from e2e_support import E2E_GRAPH, HERE, ensure_deployed, start_serve
-from rayhead import RayHead, free_port
+from rayhead import RayHead, free_port, running_head
 
 from servegraph.raydash.client import RayDashboard
 
@@ -41,13 +41,8 @@ def ray_head(spans_file: Path) -> Iterator[RayHead]:
         "RAY_SERVE_TRACING_SAMPLING_RATIO": "0",
         "SERVEGRAPH_E2E_SPANS": str(spans_file),
     }
-    head = RayHead(num_cpus=2, extra_env={"PYTHONPATH": str(HERE), **tracing})
-    head.start()
-    try:
+    with running_head(num_cpus=2, extra_env={"PYTHONPATH": str(HERE), **tracing}) as head:
         yield head
-    finally:
-        survivors = head.stop()
-        assert not survivors, f"Ray processes survived teardown: {survivors}"
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RAY = Path(sys.executable).with_name("ray")
 
@@ -145,6 +147,18 @@ class RayHead:
         if not survivors:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         return survivors
+
+
+@contextlib.contextmanager
+def running_head(**options: Any) -> Iterator[RayHead]:
+    """A started head, stopped on leaving even when a test failed; fails if a process survived."""
+    head = RayHead(**options)
+    head.start()
+    try:
+        yield head
+    finally:
+        survivors = head.stop()
+        assert not survivors, f"Ray processes survived teardown: {survivors}"
 
 
 def end_session(leader: subprocess.Popen[bytes], wait_s: float = 5.0) -> list[int]:

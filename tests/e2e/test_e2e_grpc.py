@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import GRAPHS, HERE
-from rayhead import RayHead, free_port
+from rayhead import RayHead, free_port, running_head
 
 from servegraph import grpc_client
 from servegraph.grpc_client import CallError
@@ -40,13 +40,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def grpc_head() -> Iterator[RayHead]:
-    head = RayHead(num_cpus=2, extra_env={"PYTHONPATH": str(HERE)})
-    head.start()
-    try:
+    with running_head(num_cpus=2, extra_env={"PYTHONPATH": str(HERE)}) as head:
         yield head
-    finally:
-        survivors = head.stop()
-        assert not survivors, f"Ray processes survived teardown: {survivors}"
 
 
 @pytest.fixture(scope="module")

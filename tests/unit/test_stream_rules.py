@@ -93,18 +93,15 @@ def builder_problems(a: graph_pb2.Application) -> list[str]:
     return err.value.problems
 
 
-def test_a_sequence_ending_in_a_generator_with_a_transform_after_it_is_valid() -> None:
-    g = to_model(
-        graph(
-            app(
-                "chat",
-                chat=sequence("echo", "gen", "filter"),
-                echo=gen(False, ECHO),
-                gen=gen(),
-                filter=gen(path=FILTER),
-            )
-        )
+def unary_stream_transform() -> graph_pb2.Application:
+    """A unary step feeding a generator, whose items a streaming filter transforms."""
+    return app(
+        "chat", chat=sequence("echo", "gen", "filter"), echo=gen(False, ECHO), gen=gen(), filter=gen(path=FILTER)
     )
+
+
+def test_a_sequence_ending_in_a_generator_with_a_transform_after_it_is_valid() -> None:
+    g = to_model(graph(unary_stream_transform()))
     assert [n.id for n in g.applications[0].ordered_nodes()] == ["echo", "filter", "gen", "chat"]
 
 
@@ -200,17 +197,7 @@ def test_streaming_travels_in_the_args_and_only_when_set() -> None:
 
 
 def test_the_builder_tells_each_router_and_child_whether_it_streams() -> None:
-    g = to_model(
-        graph(
-            app(
-                "chat",
-                chat=sequence("echo", "gen", "filter"),
-                echo=gen(False, ECHO),
-                gen=gen(),
-                filter=gen(path=FILTER),
-            )
-        )
-    )
+    g = to_model(graph(unary_stream_transform()))
     ingress = build(encode_args(g, g.applications[0]))._bound_deployment
     assert ingress.init_kwargs["streams"] is True
     _, steps = ingress.init_args

@@ -129,15 +129,8 @@ async def invoke(
     for attempt in range(1, attempts + 1):
         try:
             return await _attempt(child, payload, headers, user_headers, call.timeout_s)
-        except _AttemptTimedOut:
-            assert call.timeout_s is not None
-            if attempt == attempts:
-                raise NodeTimeout(child.id, call.timeout_s, attempts) from None
-            reason = "timeout"
-        except Exception:
-            if attempt == attempts:
-                raise
-            reason = "error"
+        except Exception as e:
+            reason = _retry_reason(child, e, attempt, attempts)
         if retried is not None:
             retried(child.id, reason)
     raise AssertionError("unreachable")
@@ -145,6 +138,18 @@ async def invoke(
 
 class _AttemptTimedOut(Exception):
     """This edge's own timeout fired (as opposed to a NodeTimeout from further down)."""
+
+
+def _retry_reason(child: Child, exc: Exception, attempt: int, attempts: int) -> str:
+    """Why the failed `attempt` is retried; after the last one, what the caller gets instead."""
+    if isinstance(exc, _AttemptTimedOut):
+        assert child.call.timeout_s is not None
+        if attempt == attempts:
+            raise NodeTimeout(child.id, child.call.timeout_s, attempts) from None
+        return "timeout"
+    if attempt == attempts:
+        raise exc
+    return "error"
 
 
 async def _attempt(child: Child, payload: Any, headers: Headers, user_headers: Headers, timeout_s: float | None) -> Any:
@@ -188,15 +193,8 @@ async def invoke_stream(
             except StopAsyncIteration:
                 finished = True
                 return
-            except _AttemptTimedOut:
-                assert call.timeout_s is not None
-                if attempt == attempts:
-                    raise NodeTimeout(child.id, call.timeout_s, attempts) from None
-                reason = "timeout"
-            except Exception:
-                if attempt == attempts:
-                    raise
-                reason = "error"
+            except Exception as e:
+                reason = _retry_reason(child, e, attempt, attempts)
             else:
                 yield first
                 while True:
