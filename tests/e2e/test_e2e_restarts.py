@@ -34,13 +34,15 @@ async def _publish(head: RayHead, msg: graph_pb2.Graph, path: Path) -> Replicas:
     code = await up.up(path, address=head.address, token=head.token, timeout_s=300, out=out, err=err)
     assert code == 0, err.getvalue()
 
+    deployments = sum(len(app.nodes) for app in msg.applications)  # every node is one deployment
+
     async def settled() -> Replicas | None:
         # RUNNING can be reported while an old replica still stops: wait for the target count.
         async with RayDashboard(head.address, head.token) as dash:
             state = await dash.get_applications()
         ids = {(a.name, d.name): d.replica_ids for a in state.applications.values() for d in a.deployments}
         stopping = [k for k, v in ids.items() if len(v) != 1]
-        return None if stopping or len(ids) != 17 else ids
+        return None if stopping or len(ids) != deployments else ids
 
     found = await eventually(settled, within=120, interval=1, what="one replica per deployment")
     assert found is not None
