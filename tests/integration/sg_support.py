@@ -145,7 +145,11 @@ class Kit:
             rs = await self.get_rs(name)
             return rs if rs is not None and check(rs) else None
 
-        return await eventually(probe, within=within, what=f"RayService {self.namespace}/{name}")
+        try:
+            return await eventually(probe, within=within, what=f"RayService {self.namespace}/{name}")
+        except AssertionError as e:  # say what the operator reported meanwhile
+            status = (await self.get_sg(name)).get("status") or {}
+            raise AssertionError(f"{e}\nServeGraph status: {status}") from e
 
 
 def sample_bytes(name: str) -> bytes:

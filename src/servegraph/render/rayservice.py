@@ -181,10 +181,11 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
         _worker_group(p, chosen or (DEFAULT_IMAGE + "-gpu" if p.gpus else DEFAULT_IMAGE), options.workers)
         for p in plans
     ]
-    own_servicers = grpc_servicer_functions(graph)[1:]
-    if own_servicers:
-        digest = hashlib.sha256("\n".join(own_servicers).encode()).hexdigest()[:16]
-        _annotate_pods(cluster, {GRPC_SERVICERS_ANNOTATION: digest}, head_only=True)
+    # On every head, not only when applications name servicers: server-side apply leaves
+    # `template.metadata: null` (refused by the CRD's schema) when the last annotation in
+    # it stops being applied, as dropping it for a graph without servicers did.
+    digest = hashlib.sha256("\n".join(grpc_servicer_functions(graph)).encode()).hexdigest()[:16]
+    _annotate_pods(cluster, {GRPC_SERVICERS_ANNOTATION: digest}, head_only=True)
     if options.restarted_at:  # before the stable order: a restart starts clean, without parked groups
         _annotate_pods(cluster, {RESTARTED_AT_ANNOTATION: options.restarted_at})
     if options.previous_cluster:
