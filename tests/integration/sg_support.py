@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,17 @@ async def tenant_api(control_plane: ControlPlane, namespace: str, api_client_for
 
     await eventually(allowed, within=30, interval=0.1, what="the tenant's Role in effect")
     return api
+
+
+@contextmanager
+def pod_policy(cp: ControlPlane) -> Iterator[None]:
+    """The pod policy (config/policy) as shipped, for one module; turned off after it by
+    deleting its binding only. Deleting all three (`kubectl delete -k`, ConfigMap first) and
+    applying them again can leave the API server answering "no params found" for good
+    (kubernetes/kubernetes#133827, seen on 1.36): the policy and its ConfigMap stay, inert."""
+    cp.kubectl("create", "namespace", "servegraph-system", check=False)
+    cp.kubectl("apply", "-k", str(ROOT / "config" / "policy"))
+    try:
+        yield
+    finally:
+        cp.kubectl("delete", "validatingadmissionpolicybinding", "servegraph-pod-policy", check=False)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator, tenant_api
-from support import REGISTRY_TOKEN, ROOT
+from sg_support import Kit, bind_operator_rbac, pod_policy, sample_bytes, start_operator, tenant_api
+from support import REGISTRY_TOKEN
 
 from servegraph.v1 import graph_pb2
 from servegraph_testbed import Component, ControlPlane
@@ -30,10 +30,8 @@ ALLOWED = "ghcr.io/servegraph/servegraph-ray:0.1.0"
 
 @pytest.fixture(scope="module")
 def policy(control_plane: ControlPlane) -> Iterator[None]:
-    control_plane.kubectl("create", "namespace", SYSTEM_NS, check=False)
-    control_plane.kubectl("apply", "-k", str(ROOT / "config" / "policy"))
-    yield
-    control_plane.kubectl("delete", "-k", str(ROOT / "config" / "policy"), "--wait=false", check=False)
+    with pod_policy(control_plane):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator, tenant_api
-from support import REGISTRY_TOKEN, ROOT
+from sg_support import Kit, bind_operator_rbac, pod_policy, sample_bytes, start_operator, tenant_api
+from support import REGISTRY_TOKEN
 
 from servegraph.v1 import graph_pb2
 from servegraph_testbed import Component, ControlPlane
@@ -37,10 +37,8 @@ SHIPPED = {"allowedPriorityClasses": "", "reservedTaints": "", "reservedNodeLabe
 
 @pytest.fixture(scope="module")
 def policy(control_plane: ControlPlane) -> Iterator[None]:
-    control_plane.kubectl("create", "namespace", SYSTEM_NS, check=False)
-    control_plane.kubectl("apply", "-k", str(ROOT / "config" / "policy"))
-    yield
-    control_plane.kubectl("delete", "-k", str(ROOT / "config" / "policy"), "--wait=false", check=False)
+    with pod_policy(control_plane):
+        yield
 
 
 def _set_params(control_plane: ControlPlane, data: dict[str, str]) -> None:
@@ -117,11 +115,14 @@ async def _until(custom: Any, namespace: str, body: dict[str, Any], refused_with
         try:
             await _create(custom, namespace, probe)
         except ApiException as exc:
-            return refused_with is not None and refused_with in str(exc.body)
+            # Any other refusal is "not yet" too, and what the timeout reports.
+            assert refused_with is not None and refused_with in str(exc.body), f"refused: {exc.status} {exc.body}"
+            return True
         plural = "servegraphs" if probe["kind"] == "ServeGraph" else "rayservices"
         group, version = ("servegraph.io", "v1alpha1") if plural == "servegraphs" else ("ray.io", "v1")
         await custom.delete_namespaced_custom_object(group, version, namespace, plural, "probe")
-        return refused_with is None
+        assert refused_with is None, f"accepted; expected a refusal naming {refused_with!r}"
+        return True
 
     await eventually(effective, within=30, what=what)
 
