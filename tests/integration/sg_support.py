@@ -4,6 +4,7 @@ registry, and small async helpers over the admin API client."""
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,7 +35,15 @@ def start_operator(
 ) -> tuple[Component, int]:
     """`servegraph run` as a real process, as the identity bound by config/rbac only."""
     port = free_port()
-    argv = [sys.executable, "-m", "servegraph.cli", "run", "--health-address", f"127.0.0.1:{port}", LOOPBACK_SOURCES]
+    argv = [
+        sys.executable,
+        "-m",
+        "servegraph.cli",
+        "run",
+        "--health-address",
+        f"127.0.0.1:{port}",
+        LOOPBACK_SOURCES,
+    ]
     argv += args
     component = cp.spawn(name, argv, identity=OPERATOR_USER, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     component.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
@@ -203,15 +212,25 @@ async def tenant_api(control_plane: ControlPlane, namespace: str, api_client_for
     return api
 
 
+POLICY = "servegraph-pod-policy"
+POLICY_NS = "servegraph-system"
+
+
 @contextmanager
 def pod_policy(cp: ControlPlane) -> Iterator[None]:
-    """The pod policy (config/policy) as shipped, for one module; turned off after it by
-    deleting its binding only. Deleting all three (`kubectl delete -k`, ConfigMap first) and
-    applying them again can leave the API server answering "no params found" for good
-    (kubernetes/kubernetes#133827, seen on 1.36): the policy and its ConfigMap stay, inert."""
-    cp.kubectl("create", "namespace", "servegraph-system", check=False)
+    """The pod policy (config/policy) installed as docs/security.md says, for one module, and
+    removed after it; the next module installs it again, as an administrator would."""
+    cp.kubectl("create", "namespace", POLICY_NS, check=False)
+    cp.kubectl("apply", "-k", str(ROOT / "config" / "policy" / "crd"))
+    cp.kubectl("wait", "--for=condition=Established", "crd/servegraphpodpolicies.servegraph.io", "--timeout=60s")
     cp.kubectl("apply", "-k", str(ROOT / "config" / "policy"))
     try:
         yield
     finally:
-        cp.kubectl("delete", "validatingadmissionpolicybinding", "servegraph-pod-policy", check=False)
+        cp.kubectl("delete", "-k", str(ROOT / "config" / "policy"), "--wait=false", check=False)
+
+
+def set_pod_policy(cp: ControlPlane, **values: str) -> None:
+    """Set keys of the policy's parameters (its ServeGraphPodPolicy), as an administrator."""
+    patch = json.dumps({"spec": values})
+    cp.kubectl("patch", "servegraphpodpolicy", POLICY, "-n", POLICY_NS, "--type=merge", "-p", patch)

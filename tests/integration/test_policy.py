@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from sg_support import Kit, bind_operator_rbac, pod_policy, sample_bytes, start_operator, tenant_api
+from sg_support import Kit, bind_operator_rbac, pod_policy, sample_bytes, set_pod_policy, start_operator, tenant_api
 from support import REGISTRY_TOKEN
 
 from servegraph.v1 import graph_pb2
@@ -24,7 +24,6 @@ from servegraph_testbed import Component, ControlPlane
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
 
-SYSTEM_NS = "servegraph-system"
 ALLOWED = "ghcr.io/servegraph/servegraph-ray:0.1.0"
 
 
@@ -423,8 +422,7 @@ async def test_the_administrator_can_allow_node_ports(kit: Kit, tenant: Any, con
     body = _full_rayservice("nodeport")
     HOLES["serve-service-node-port-type"][0](body)
     HOLES["serve-service-node-port"][0](body)
-    patch = '{"data": {"allowedServiceTypes": "NodePort"}}'
-    control_plane.kubectl("patch", "configmap", "servegraph-pod-policy", "-n", SYSTEM_NS, "-p", patch)
+    set_pod_policy(control_plane, allowedServiceTypes="NodePort")
     try:
 
         async def allowed() -> bool:
@@ -443,8 +441,7 @@ async def test_the_administrator_can_allow_node_ports(kit: Kit, tenant: Any, con
         )
         assert "may have type ClusterIP, NodePort only" in message
     finally:
-        patch = '{"data": {"allowedServiceTypes": ""}}'
-        control_plane.kubectl("patch", "configmap", "servegraph-pod-policy", "-n", SYSTEM_NS, "-p", patch)
+        set_pod_policy(control_plane, allowedServiceTypes="")
 
     async def shipped() -> bool:  # as shipped again, for whatever runs next
         again = copy.deepcopy(body)

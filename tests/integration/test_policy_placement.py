@@ -18,16 +18,14 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from sg_support import Kit, bind_operator_rbac, pod_policy, sample_bytes, start_operator, tenant_api
-from support import REGISTRY_TOKEN
+from sg_support import Kit, bind_operator_rbac, pod_policy, sample_bytes, set_pod_policy, start_operator, tenant_api
+from support import REGISTRY_TOKEN, ROOT
 
 from servegraph.v1 import graph_pb2
 from servegraph_testbed import Component, ControlPlane
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
 
-SYSTEM_NS = "servegraph-system"
-PARAMS = "servegraph-pod-policy"
 ALLOWED = "ghcr.io/servegraph/servegraph-ray:0.1.0"
 TAINT = "dedicated.example.com/reserved"
 LABEL = "pool.example.com/reserved"
@@ -42,7 +40,7 @@ def policy(control_plane: ControlPlane) -> Iterator[None]:
 
 
 def _set_params(control_plane: ControlPlane, data: dict[str, str]) -> None:
-    control_plane.kubectl("patch", "configmap", PARAMS, "-n", SYSTEM_NS, "-p", json.dumps({"data": data}))
+    set_pod_policy(control_plane, **data)
 
 
 @pytest.fixture
@@ -145,7 +143,10 @@ async def test_as_shipped_a_tenant_may_name_no_priority_class_and_reserves_nothi
     preempting = _servegraph("preempting", {"workerGroups": {"gpu": {"priorityClassName": "system-cluster-critical"}}})
     await _until(tenant, namespace, preempting, "priorityClassName may be none", "the pod policy to take effect")
     message = await _refused(tenant, namespace, preempting)
-    assert "priorityClassName may be none (allowedPriorityClasses in the servegraph-pod-policy ConfigMap" in message
+    assert (
+        "priorityClassName may be none (allowedPriorityClasses in the ServeGraphPodPolicy servegraph-pod-policy"
+        in message
+    )
     message = await _refused(tenant, namespace, _rayservice("own", head={"priorityClassName": "high"}))
     assert "priorityClassName may be none" in message
     # Nothing is reserved as shipped: any toleration, selector, affinity or node name passes.
@@ -164,6 +165,27 @@ async def test_as_shipped_a_tenant_may_name_no_priority_class_and_reserves_nothi
     }
     await _create(tenant, namespace, _servegraph("anywhere", {"head": anything, "workerGroups": {"cpu": anything}}))
     await _create(tenant, namespace, _rayservice("named-node", worker={"nodeName": "node-1", **anything}))
+
+
+async def test_turned_off_and_on_again_the_policy_reads_its_current_parameters(
+    control_plane: ControlPlane, tenant: Any, namespace: str
+) -> None:
+    """Deleting the binding is how docs/security.md turns the policy off. With a ConfigMap as
+    its parameters that was enough to freeze them in the API server (kubernetes/kubernetes
+    #130887): on again, a parameter change was never seen. A ServeGraphPodPolicy is read
+    afresh."""
+    preempting = _servegraph("preempt", {"workerGroups": {"gpu": {"priorityClassName": "serving"}}})
+    await _until(tenant, namespace, preempting, "priorityClassName may be none", "the pod policy to take effect")
+    control_plane.kubectl("delete", "validatingadmissionpolicybinding", "servegraph-pod-policy")
+    await _until(tenant, namespace, preempting, None, "the policy to be off")
+    control_plane.kubectl("apply", "-k", str(ROOT / "config" / "policy"))
+    await _until(tenant, namespace, preempting, "priorityClassName may be none", "the policy to be on again")
+    _set_params(control_plane, {"allowedPriorityClasses": "serving"})
+    try:
+        await _until(tenant, namespace, preempting, None, "the changed parameters to take effect")
+    finally:
+        _set_params(control_plane, SHIPPED)
+    await _until(tenant, namespace, preempting, "priorityClassName may be none", "the policy to be as shipped again")
 
 
 def _required(*expressions: dict[str, Any], fields: list[dict[str, Any]] | None = None) -> dict[str, Any]:
