@@ -3,7 +3,7 @@
 The floor is what a minimal client would send for each ServeGraph, made with the
 operator's own client code (`KubeClient`, raw JSON, its session): every write the
 operator makes, once, in its order, and no reads. A create is: the ServeGraph (the
-user's write, in both runs), the kept-graphs ConfigMap (operator/store.py), the
+user's write, in both runs), the kept-graphs ConfigMap (operator/rollout/store.py), the
 RayService, the status, one Event. A republish is: the refresh annotation (when the
 events endpoint carries it), the ConfigMap with both versions, the RayService, the
 status, one Event. The bench counts both sides' writes in the audit log and names any
@@ -24,8 +24,9 @@ from kubernetes_asyncio import client
 
 from servegraph.kube import KubeClient
 from servegraph.names import API_VERSION, GROUP, KIND, PLURAL, REFRESH_ANNOTATION, VERSION
-from servegraph.operator import conditions, store
+from servegraph.operator.rollout import store
 from servegraph.operator.spec import owner_reference
+from servegraph.operator.status import conditions
 from servegraph_testbed import WRITE_VERBS
 
 

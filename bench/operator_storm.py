@@ -34,7 +34,7 @@ from servegraph.names import (
     SPEC_HASH_ANNOTATION,
     VERSION,
 )
-from servegraph.operator.events_endpoint import EVENT_TYPE
+from servegraph.operator.run.events_endpoint import EVENT_TYPE
 from servegraph_testbed.registry import Registry
 
 

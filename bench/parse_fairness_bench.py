@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from servegraph.graph import GraphError, encode, parse_graph  # noqa: E402
-from servegraph.operator.parsing import GraphParser, default_workers  # noqa: E402
+from servegraph.operator.fetch.parsing import GraphParser, default_workers  # noqa: E402
 from servegraph.v1 import graph_pb2  # noqa: E402
 
 MINI = (ROOT / "config" / "samples" / "mini.pb").read_bytes()

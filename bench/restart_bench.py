@@ -79,7 +79,7 @@ def free_port() -> int:
 
 
 def replica_ids(client: Any) -> dict[tuple[str, str], tuple[str, ...]]:
-    from servegraph.raydash.client import parse_serve_details
+    from servegraph.raydash.dashboard import parse_serve_details
 
     state = parse_serve_details(client.get_serve_details())
     return {(a.name, d.name): d.replica_ids for a in state.applications.values() for d in a.deployments}

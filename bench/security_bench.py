@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from render_bench import make_graph  # noqa: E402
 
 from servegraph.graph import parse_graph  # noqa: E402
-from servegraph.operator.parsing import GraphParser  # noqa: E402
+from servegraph.operator.fetch.parsing import GraphParser  # noqa: E402
 from servegraph.source import FetchError, FetchRequest, Limits, RegistryClient, SourcePolicy  # noqa: E402
 from servegraph.v1 import graph_pb2  # noqa: E402
 from servegraph_testbed.certs import write_pki  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 from e2e_support import E2E_GRAPH, HERE, ensure_deployed, start_serve
 from rayhead import RayHead, free_port, running_head
 
-from servegraph.raydash.client import RayDashboard
+from servegraph.raydash.dashboard import RayDashboard
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rayhead import RayHead
 
 from servegraph.raydash import up
-from servegraph.raydash.client import RayDashboard
+from servegraph.raydash.dashboard import RayDashboard
 
 HERE = Path(__file__).resolve().parent
 GRAPHS = HERE / "graphs"

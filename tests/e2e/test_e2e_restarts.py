@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rayhead import RayHead
 
 from servegraph.raydash import up
-from servegraph.raydash.client import RayDashboard
+from servegraph.raydash.dashboard import RayDashboard
 from servegraph.v1 import graph_pb2
 from servegraph_testbed.waiting import eventually
 

@@ -17,7 +17,7 @@ from rayhead import RayHead
 
 from servegraph.graph import load_graph
 from servegraph.raydash import up
-from servegraph.raydash.client import RayDashboard
+from servegraph.raydash.dashboard import RayDashboard
 from servegraph.render.serve_config import serve_config_yaml
 
 

@@ -19,7 +19,7 @@ from e2e_support import GRAPHS, SAMPLES, request, start_serve
 from rayhead import RayHead, end_session, free_port, session_pids
 
 from servegraph.raydash import up
-from servegraph.raydash.client import DashboardError, RayDashboard
+from servegraph.raydash.dashboard import DashboardError, RayDashboard
 
 SERVEGRAPH = Path(sys.executable).with_name("servegraph")
 

@@ -27,9 +27,9 @@ from sg_support import (
 from support import REGISTRY_TOKEN, SAMPLES
 
 from servegraph.graph import load_graph
-from servegraph.operator.blockers import NO_APPLICATION, POD_HINT, mirror_pending
-from servegraph.operator.conditions import Condition
-from servegraph.operator.status import GoodGraph, Observed, Outcome, report
+from servegraph.operator.rollout.blockers import NO_APPLICATION, POD_HINT, mirror_pending
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import GoodGraph, Observed, Outcome, report
 from servegraph.render import serve_config_yaml
 from servegraph.statustree.gather import gather
 from servegraph.statustree.tree import render

@@ -17,9 +17,9 @@ from support import REGISTRY_TOKEN, SAMPLES
 from servegraph.graph import load_graph
 from servegraph.kube import KubeClient, KubeError
 from servegraph.names import GRAPH_LABEL
-from servegraph.operator import store
-from servegraph.operator.objectsize import MAX_RAYSERVICE_BYTES
-from servegraph.operator.ownership import NotOurs, apply_owned
+from servegraph.operator.apply.objectsize import MAX_RAYSERVICE_BYTES
+from servegraph.operator.apply.ownership import NotOurs, apply_owned
+from servegraph.operator.rollout import store
 from servegraph.render import RayServiceOptions, render_rayservice, serve_config_yaml
 from servegraph.v1 import graph_pb2
 from servegraph_testbed import WRITE_VERBS, Component, ControlPlane

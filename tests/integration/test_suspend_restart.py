@@ -22,7 +22,7 @@ from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, read_log, sample_
 from support import REGISTRY_TOKEN
 
 from servegraph.names import RESTARTED_AT_ANNOTATION
-from servegraph.operator.store import store_name
+from servegraph.operator.rollout.store import store_name
 from servegraph_testbed import WRITE_VERBS, Component, ControlPlane, KubeRayOperator
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually

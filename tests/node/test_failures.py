@@ -8,7 +8,7 @@ import time
 
 from node_support import TEXT, LoadLoop, condition, deploy, figure, mini, servegraph, wait_ready
 
-from servegraph.operator.store import store_name
+from servegraph.operator.rollout.store import store_name
 from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 

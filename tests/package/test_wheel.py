@@ -37,8 +37,8 @@ EXTRA_OF = {
     # grpcio comes with ray[serve]: the generated stubs import it, Serve's gRPC proxy imports them.
     "servegraph.v1.service_pb2_grpc": "ray",
 }
-# What the CLI imports to list `run`, `up`, `down` and `status`: core, whatever is installed.
-CLI_MODULES = {"servegraph.operator", "servegraph.operator.command", "servegraph.raydash", "servegraph.raydash.command"}
+# What the CLI imports to list `up` and `down` (the dashboard defaults): core, whatever is installed.
+CLI_MODULES = {"servegraph.raydash"}
 PROFILES = ("", "operator", "ray")
 
 

@@ -9,9 +9,9 @@ from memory_api import MemoryApiServer, MemoryRegistry
 from support import SAMPLES
 
 from servegraph.names import REFRESH_ANNOTATION, Key
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.queue import WorkQueue
 
 NS, NAME = "team-a", "mini"
 KEY: Key = (NS, NAME)

@@ -8,7 +8,7 @@ import statistics
 from bench_modules import load
 
 from servegraph.graph import parse_graph
-from servegraph.operator.objectsize import manifest_bytes
+from servegraph.operator.apply.objectsize import manifest_bytes
 from servegraph.render import RayServiceOptions, render_rayservice
 
 tg = load("tenant_graphs")

@@ -11,7 +11,7 @@ import yaml
 from builders import deployment, graph
 from reconcile_support import KEY, Cluster
 
-from servegraph.cli import main
+from servegraph.cli.main import main
 from servegraph.graph import GraphError
 from servegraph.graph.validate import to_model
 from servegraph.graph.workers import PodShape, plan_worker_groups

@@ -29,7 +29,7 @@ def test_every_command_is_listed_whatever_is_installed() -> None:
     """`run`, `fetch`, `up`, `down`, `status` and `restart` are registered by modules that import only the standard
     library; `call` by one that imports grpcio only when it calls."""
     probe = (
-        "import sys; import servegraph.cli as cli; parser = cli._parser(); "
+        "import sys; import servegraph.cli.main as cli; parser = cli._parser(); "
         "heavy = sorted(m for m in ('kopf', 'aiohttp', 'kubernetes_asyncio', 'ray', 'grpc') if m in sys.modules); "
         "choices = parser._subparsers._group_actions[0].choices; print(sorted(choices), heavy)"
     )

@@ -14,14 +14,14 @@ from builders import chain_app, graph
 from ray.serve.schema import ServeDeploySchema
 from support import SAMPLES
 
+from servegraph.cli import deploy as command
 from servegraph.dag import model
 from servegraph.graph import GraphError, load_graph
 from servegraph.graph.errors import Problem
 from servegraph.graph.servicers import GRAPH_SERVICE_SERVICER, MAX_LENGTH, MAX_SERVICERS, servicer_functions
 from servegraph.graph.validate import to_model
 from servegraph.names import GRPC_SERVICERS_ANNOTATION
-from servegraph.raydash import command
-from servegraph.raydash.client import ServeState, parse_serve_details
+from servegraph.raydash.dashboard import ServeState, parse_serve_details
 from servegraph.raydash.up import graph_service_apps, grpc_line, render
 from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config, serve_config_yaml
 from servegraph.render.serve_config import SERVE_GRPC_PORT, SERVE_HTTP_PORT

@@ -7,11 +7,11 @@ from typing import Any
 import kopf
 import pytest
 
-from servegraph.operator.kopf_settings import refuse_change_handlers
+from servegraph.operator.run.kopf_settings import refuse_change_handlers
 
 
 def test_the_operators_own_handlers_pass() -> None:
-    import servegraph.operator.handlers  # noqa: F401 - registers them in the default registry
+    import servegraph.operator.run.handlers  # noqa: F401 - registers them in the default registry
 
     registry = kopf.get_default_registry()
     assert registry._watching.get_all_handlers(), "the operator's on.event handlers are registered"

@@ -112,9 +112,9 @@ def test_the_rules_the_issue_names_are_among_the_checked_ones(importer: str, imp
 
 def test_the_checker_sees_lazy_and_relative_imports() -> None:
     """An import inside a function is found, and so is `from . import x`."""
-    source = "def f():\n    from servegraph.operator import app\n\nfrom . import client\nimport servegraph.names\n"
+    source = "def f():\n    from servegraph.operator.run import app\n\nfrom . import client\nimport servegraph.names\n"
     assert _imports(source, "servegraph.kube.probe") == [
-        (2, "servegraph.operator.app"),
+        (2, "servegraph.operator.run.app"),
         (4, "servegraph.kube.client"),
         (5, "servegraph.names"),
     ]

@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 
-from servegraph.operator.leader import LeaderElector, LeaseConfig
+from servegraph.operator.run.leader import LeaderElector, LeaseConfig
 
 CONFIG = LeaseConfig("ns", "lease", "leader_1", lease_s=1.5, renew_deadline_s=1.0, retry_s=0.2)
 

@@ -1,12 +1,12 @@
-"""The /metrics guard's decisions and its verdict cache (operator/metrics_auth.py), with a
+"""The /metrics guard's decisions and its verdict cache (operator/run/metrics_auth.py), with a
 review function standing in for the API server (the real one: tests/integration/test_metrics_auth.py)."""
 
 from __future__ import annotations
 
 from servegraph.kube import KubeError
 from servegraph.kube.reviews import Verdict
-from servegraph.operator import metrics_auth
-from servegraph.operator.metrics_auth import MetricsGuard
+from servegraph.operator.run import metrics_auth
+from servegraph.operator.run.metrics_auth import MetricsGuard
 
 
 class Reviewer:

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reconcile_support import KEY, NAME, NS, Cluster
 from test_reconcile_rollout import mini, ready, with_clock
 
-from servegraph.operator.metrics import Metrics
+from servegraph.operator.run.metrics import Metrics
 
 
 def samples(metrics: Metrics, name: str) -> list[tuple[dict[str, str], float]]:

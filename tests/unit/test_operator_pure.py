@@ -12,14 +12,15 @@ from cloudevents.core.v1.event import CloudEvent
 from support import SAMPLES
 
 from servegraph.graph import load_graph
-from servegraph.operator import conditions, secrets
-from servegraph.operator.conditions import Condition
-from servegraph.operator.drift import contains
-from servegraph.operator.events_endpoint import TokenBucket, matches, parse_event, parse_selector
-from servegraph.operator.queue import WorkQueue
-from servegraph.operator.secrets import SecretError, SecretKeyRef
+from servegraph.operator.apply.drift import contains
+from servegraph.operator.fetch import secrets
+from servegraph.operator.fetch.secrets import SecretError, SecretKeyRef
+from servegraph.operator.run.events_endpoint import TokenBucket, matches, parse_event, parse_selector
+from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.spec import ConfigMapKeyRef, SpecError, parse_duration, parse_spec
-from servegraph.operator.status import (
+from servegraph.operator.status import conditions
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import (
     Event,
     fold_events,
     merge_patch,

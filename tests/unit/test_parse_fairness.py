@@ -14,10 +14,10 @@ from support import SAMPLES
 
 from servegraph.dag.model import Graph
 from servegraph.graph import GraphError
-from servegraph.operator import parsing
-from servegraph.operator.fairness import FairQueue
-from servegraph.operator.parsing import GraphParser, default_workers
-from servegraph.operator.worker import run_worker
+from servegraph.operator.fetch import parsing
+from servegraph.operator.fetch.parsing import GraphParser, default_workers
+from servegraph.operator.run.fairness import FairQueue
+from servegraph.operator.run.worker import run_worker
 from servegraph.v1 import graph_pb2
 
 MINI = (SAMPLES / "mini.pb").read_bytes()

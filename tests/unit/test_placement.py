@@ -13,7 +13,7 @@ import yaml
 from builders import chain_app, graph
 from support import SAMPLES
 
-from servegraph.cli import main
+from servegraph.cli.main import main
 from servegraph.dag import model
 from servegraph.graph import GraphError, load_graph
 from servegraph.graph.validate import to_model

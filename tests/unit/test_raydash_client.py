@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from servegraph.raydash.client import (
+from servegraph.raydash.dashboard import (
     DashboardError,
     DashboardUnreachable,
     RayDashboard,

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from servegraph.raydash import command, up
-from servegraph.raydash.client import AppState, DashboardError, DeploymentState, ServeState, parse_serve_details
+from servegraph.cli import deploy as command
+from servegraph.raydash import up
+from servegraph.raydash.dashboard import AppState, DashboardError, DeploymentState, ServeState, parse_serve_details
 
 ROOT = Path(__file__).resolve().parents[2]
 MINI = ROOT / "config" / "samples" / "mini.txtpb"

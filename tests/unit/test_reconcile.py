@@ -16,9 +16,9 @@ from support import SAMPLES
 from servegraph.graph import Format, decode, encode, load_graph
 from servegraph.kube import KubeError
 from servegraph.names import SPEC_HASH_ANNOTATION
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.spec import owner_reference, parse_spec
 from servegraph.render import render_rayservice
 

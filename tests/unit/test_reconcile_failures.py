@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 from reconcile_support import KEY, MINI, NAME, TOKEN, Cluster
 
-from servegraph.operator import download, progress, reconcile, rendering, writer
-from servegraph.operator.objectsize import MAX_RAYSERVICE_BYTES, too_large
-from servegraph.operator.queue import WorkQueue
+from servegraph.operator import reconcile
+from servegraph.operator.apply import rendering, writer
+from servegraph.operator.apply.objectsize import MAX_RAYSERVICE_BYTES, too_large
+from servegraph.operator.apply.writer import RayServiceWriter
+from servegraph.operator.fetch import download
 from servegraph.operator.reconcile import Reconciler, RetryLater
-from servegraph.operator.worker import run_worker
-from servegraph.operator.writer import RayServiceWriter
+from servegraph.operator.rollout import step as progress
+from servegraph.operator.run.queue import WorkQueue
+from servegraph.operator.run.worker import run_worker
 from servegraph.render import render_rayservice
 from servegraph.v1 import graph_pb2
 

@@ -14,8 +14,8 @@ from support import SAMPLES
 
 from servegraph.kube import KubeError
 from servegraph.names import GRAPH_LABEL
-from servegraph.operator import store
 from servegraph.operator.reconcile import RetryLater
+from servegraph.operator.rollout import store
 
 COMPLETE = (SAMPLES / "complete.pb").read_bytes()
 HAND_OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "mine", "uid": "uid-of-mine", "controller": True}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from reconcile_support import KEY, Cluster
 
-from servegraph.operator import rendering
+from servegraph.operator.apply import rendering
 from servegraph.render import RayServiceOptions, render_rayservice
 
 

@@ -8,11 +8,11 @@ from google.protobuf import text_format
 from reconcile_support import KEY, NAME, NS, Cluster
 from support import SAMPLES
 
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler
-from servegraph.operator.rollout import STABLE_S
-from servegraph.operator.store import load, store_name
+from servegraph.operator.rollout.decide import STABLE_S
+from servegraph.operator.rollout.store import load, store_name
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.queue import WorkQueue
 from servegraph.v1 import graph_pb2
 
 

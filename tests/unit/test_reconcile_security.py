@@ -21,11 +21,11 @@ from memory_api import MemoryApiServer, MemoryRegistry
 from support import SAMPLES
 
 from servegraph.names import Key
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.parsing import GraphParser
-from servegraph.operator.queue import WorkQueue
+from servegraph.operator.fetch.parsing import GraphParser
 from servegraph.operator.reconcile import Reconciler, RetryLater
-from servegraph.operator.worker import run_worker
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.queue import WorkQueue
+from servegraph.operator.run.worker import run_worker
 from servegraph.source import Fetched, FetchRequest, Limits
 from servegraph.v1 import graph_pb2
 

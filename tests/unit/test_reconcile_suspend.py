@@ -18,16 +18,16 @@ from google.protobuf import text_format
 from reconcile_support import KEY, NAME, NS, Cluster
 from support import SAMPLES
 
+from servegraph.cli.rollouts import restart_refused
 from servegraph.graph import load_graph
 from servegraph.kube import KubeError
 from servegraph.names import REFRESH_ANNOTATION, RESTARTED_AT_ANNOTATION
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
-from servegraph.operator.rollout import STABLE_S, parse_rfc3339
-from servegraph.operator.rollout_command import restart_refused
+from servegraph.operator.rollout.decide import STABLE_S, parse_rfc3339
+from servegraph.operator.rollout.store import load
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.spec import owner_reference, parse_spec
-from servegraph.operator.store import load
 from servegraph.render import RayServiceOptions, render_rayservice
 from servegraph.render.upgrade import predict
 from servegraph.v1 import graph_pb2

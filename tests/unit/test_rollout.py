@@ -1,10 +1,10 @@
-"""Rollout decisions (operator/rollout.py): when a version is done, failed, rolled back."""
+"""Rollout decisions (operator/rollout/decide.py): when a version is done, failed, rolled back."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from servegraph.operator.rollout import (
+from servegraph.operator.rollout.decide import (
     FAILED,
     PROGRESSING,
     ROLLED_BACK,

@@ -9,8 +9,8 @@ import pytest
 from google.protobuf import text_format
 from support import SAMPLES
 
-from servegraph.cli import main
-from servegraph.operator.rollout_command import choose_version
+from servegraph.cli.main import main
+from servegraph.cli.rollouts import choose_version
 from servegraph.v1 import graph_pb2
 
 

@@ -72,7 +72,7 @@ def test_the_command_line_and_the_grpc_wire_import_no_ray() -> None:
         [
             sys.executable,
             "-c",
-            "import sys; import servegraph.cli, servegraph.grpc_client, servegraph.runtime.grpcwire; "
+            "import sys; import servegraph.cli.main, servegraph.grpc_client, servegraph.runtime.grpcwire; "
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))",
         ],
         capture_output=True,

@@ -12,7 +12,7 @@ from ray.serve.schema import ServeDeploySchema
 from support import SAMPLES
 
 from servegraph.graph import Format, decode, encode, load_graph
-from servegraph.operator.parsing import GraphParser, parse_here
+from servegraph.operator.fetch.parsing import GraphParser, parse_here
 from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config, serve_config_yaml
 
 NAMES = ["mini", "heterogeneous", "complete", "observed", "streaming"]

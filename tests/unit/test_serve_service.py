@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from reconcile_support import KEY, Cluster
 
-from servegraph.operator import serve_service
+from servegraph.operator.apply import serve_service
 from servegraph.operator.spec import SpecError, parse_spec
 
 FIELD = "spec.rayService.serveService"

@@ -10,10 +10,10 @@ import pytest
 from reconcile_support import KEY, Cluster
 
 from servegraph.names import GROUP, PLURAL, SHARD_LABEL, VERSION
-from servegraph.operator.kopf_settings import configure
-from servegraph.operator.metrics import Metrics
 from servegraph.operator.reconcile import Reconciler
-from servegraph.operator.sharding import Shard
+from servegraph.operator.run.kopf_settings import configure
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.sharding import Shard
 from servegraph.source import Fetched, FetchRequest
 
 

@@ -10,9 +10,9 @@ import pytest
 from support import SAMPLES
 
 from servegraph.graph import load_graph
-from servegraph.operator.blockers import MAX_MESSAGE, MAX_MESSAGES, blocking_problem, mirror_pending
-from servegraph.operator.conditions import Condition
-from servegraph.operator.status import Event, GoodGraph, Observed, Outcome, mirror_applications, report
+from servegraph.operator.rollout.blockers import MAX_MESSAGE, MAX_MESSAGES, blocking_problem, mirror_pending
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, GoodGraph, Observed, Outcome, mirror_applications, report
 
 GRAPH = load_graph(SAMPLES / "mini.pb")
 GOOD = GoodGraph(GRAPH, "ab" * 32)

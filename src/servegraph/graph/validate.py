@@ -16,7 +16,7 @@ from typing import Any
 from servegraph.dag import model, streams
 from servegraph.dag.rules import NODE_ID
 from servegraph.gcpause import gc_paused
-from servegraph.graph import placement
+from servegraph.graph import hints as placement
 from servegraph.graph.errors import GraphError, Problem, where
 from servegraph.graph.nodes import MAX_STRING, Budget, finite_non_negative, to_node
 from servegraph.graph.servicers import servicer_functions

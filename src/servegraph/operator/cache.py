@@ -22,9 +22,9 @@ from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.names import Key
-from servegraph.operator.drift import Desired, Live
+from servegraph.operator.apply.drift import Desired, Live
 from servegraph.operator.spec import Source
-from servegraph.operator.status import GoodGraph
+from servegraph.operator.status.report import GoodGraph
 
 
 class Unseen:
@@ -58,7 +58,7 @@ class Memory:
     good: GoodGraph | None = None
     """The last valid download: the candidate a rollout starts from."""
     good_bytes: bytes | None = None
-    """Its bytes while small enough to keep for rollback (operator/store.py)."""
+    """Its bytes while small enough to keep for rollback (operator/rollout/store.py)."""
     target: GoodGraph | None = None
     """The graph the rollout runs (the candidate, or a kept one: rollback, pin)."""
     desired: Desired | None = None

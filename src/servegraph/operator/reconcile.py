@@ -6,9 +6,9 @@ else, so any trigger may run it any number of times. A failed download or an
 invalid graph changes conditions, never the running RayService. In steady state it
 reads nothing but the RayService and writes nothing at all.
 
-The reconciler composes the edges it is given (`edges`): an `ApiServer`, a `Fetcher`,
+The reconciler composes the I/O it is given (`protocols`): an `ApiServer`, a `Fetcher`,
 a `Parser`, the `WatchCache` and the work queue. Which version to run is
-`progress.Rollouts`' answer; whose the RayService is and its write, `writer`'s; what
+`rollout.step.Rollouts`' answer; whose the RayService is and its write, `writer`'s; what
 the status says, `status.report`'s (pure). Nothing is written for a ServeGraph
 deleted or replaced meanwhile (re-checked before every write; the status write
 carries a uid precondition), and no namespace holds more than its share of downloads.
@@ -27,23 +27,25 @@ from typing import Any
 
 from servegraph.kube import KubeError
 from servegraph.names import GRAPH_LABEL, GROUP, KIND, REFRESH_ANNOTATION, ConditionType, Key
-from servegraph.operator import conditions, rendering, suspension
-from servegraph.operator import restart as restarts
+from servegraph.operator.apply import rendering
+from servegraph.operator.apply.drift import Desired, Live, live_of, stranger
+from servegraph.operator.apply.writer import RayServiceWriter
 from servegraph.operator.cache import Memory, WatchCache
-from servegraph.operator.conditions import Condition
-from servegraph.operator.download import Downloader, needs_fetch
-from servegraph.operator.drift import Desired, Live, live_of, stranger
-from servegraph.operator.edges import ApiServer, Fetcher, Parser
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.parsing import parse_here
-from servegraph.operator.progress import Rollouts
-from servegraph.operator.queue import WorkQueue
-from servegraph.operator.rollout import Decision
-from servegraph.operator.secrets import SecretCache
-from servegraph.operator.slots import NamespaceSlots
+from servegraph.operator.fetch.download import Downloader, needs_fetch
+from servegraph.operator.fetch.parsing import parse_here
+from servegraph.operator.fetch.secrets import SecretCache
+from servegraph.operator.fetch.slots import NamespaceSlots
+from servegraph.operator.protocols import ApiServer, Fetcher, Parser
+from servegraph.operator.rollout import restart as restarts
+from servegraph.operator.rollout import suspension
+from servegraph.operator.rollout.decide import Decision
+from servegraph.operator.rollout.step import Rollouts
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.spec import ServeGraphSpec, SpecError, parse_spec
-from servegraph.operator.status import Event, GoodGraph, Observed, Outcome, report
-from servegraph.operator.writer import RayServiceWriter
+from servegraph.operator.status import conditions
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, GoodGraph, Observed, Outcome, report
 from servegraph.render.rayservice import rayservice_name
 from servegraph.source import Limits
 
@@ -296,7 +298,7 @@ class Reconciler:
         return min(known) if known else None
 
     async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
-        """spec.suspend (operator/suspension.py): delete the RayService, keep the rest, download nothing."""
+        """spec.suspend (operator/rollout/suspension.py): delete the RayService, keep the rest, download nothing."""
         out = Outcome()
         suspension.hold_polls(memory.fetch, spec.source, self.clock())
         memory.desired = None  # rendered again from the kept graph on resume

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.names import API_VERSION, GRAPH_LABEL, KIND, Key
-from servegraph.operator import secrets, serve_service
-from servegraph.operator.rollout import RolloutSpec
-from servegraph.operator.secrets import SecretKeyRef
+from servegraph.operator.apply import serve_service
+from servegraph.operator.fetch import secrets
+from servegraph.operator.fetch.secrets import SecretKeyRef
+from servegraph.operator.rollout.decide import RolloutSpec
 from servegraph.render import PodOverrides, RayServiceOptions
 from servegraph.render.rayservice import AutoscalerOptions, UpgradeStrategy
 

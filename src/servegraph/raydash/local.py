@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from servegraph.raydash.client import DashboardError, DashboardUnreachable, RayDashboard
+from servegraph.raydash.dashboard import DashboardError, DashboardUnreachable, RayDashboard
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 

@@ -23,7 +23,8 @@ import yaml
 from servegraph.dag import model
 from servegraph.graph import GraphError, load_graph
 from servegraph.graph.servicers import GRAPH_SERVICE_SERVICER
-from servegraph.raydash.client import (
+from servegraph.raydash import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
+from servegraph.raydash.dashboard import (
     AppState,
     DashboardError,
     DashboardUnreachable,
@@ -32,7 +33,6 @@ from servegraph.raydash.client import (
     resolve_token,
     summarize_message,
 )
-from servegraph.raydash.command import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
 from servegraph.raydash.local import ensure_dashboard
 from servegraph.render.serve_config import SERVE_GRPC_PORT, SERVE_HTTP_PORT, serve_config_yaml
 

@@ -32,7 +32,7 @@ from servegraph.names import (
     RESTARTED_AT_ANNOTATION,
     SPEC_HASH_ANNOTATION,
 )
-from servegraph.render.placement import pod_placement
+from servegraph.render.scheduling import pod_placement
 from servegraph.render.serve_config import SERVE_GRPC_PORT, SERVE_HTTP_PORT, grpc_servicer_functions, serve_config_yaml
 from servegraph.render.upgrade import parse_quantity, stable_worker_groups
 

@@ -13,15 +13,15 @@ from typing import Any
 
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType, Key
+from servegraph.operator.apply.drift import Desired, Live, conflict, live_of, live_record
+from servegraph.operator.apply.objectsize import too_large
+from servegraph.operator.apply.ownership import NotOurs, apply_owned
 from servegraph.operator.cache import WatchCache
-from servegraph.operator.conditions import Condition
-from servegraph.operator.drift import Desired, Live, conflict, live_of, live_record
-from servegraph.operator.edges import ApiServer
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.objectsize import too_large
-from servegraph.operator.ownership import NotOurs, apply_owned
-from servegraph.operator.rollout import Decision
-from servegraph.operator.status import Event, Outcome
+from servegraph.operator.protocols import ApiServer
+from servegraph.operator.rollout.decide import Decision
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, Outcome
 from servegraph.render.upgrade import predict
 
 log = logging.getLogger("servegraph.operator")

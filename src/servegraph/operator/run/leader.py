@@ -34,7 +34,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 
-log = logging.getLogger("servegraph.operator.leader")
+log = logging.getLogger("servegraph.operator.run.leader")
 
 
 @dataclass(frozen=True)

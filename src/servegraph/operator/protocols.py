@@ -1,9 +1,9 @@
-"""The reconciler's edges, as protocols: the API server, the registry client and the parser.
+"""The reconciler's I/O, as protocols: the API server, the registry client and the parser.
 
 The reconcile depends on these and nothing wider, so unit tests drive it with an
 in-memory implementation (tests/unit/memory_api.py) and production with
 `servegraph.kube.KubeClient`, `servegraph.source.RegistryClient` and
-`servegraph.operator.parsing.GraphParser`.
+`servegraph.operator.fetch.parsing.GraphParser`.
 """
 
 from __future__ import annotations

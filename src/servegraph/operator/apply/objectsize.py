@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from servegraph.names import ConditionType
-from servegraph.operator.conditions import Condition
+from servegraph.operator.status.conditions import Condition
 
 MAX_RAYSERVICE_BYTES = 1_468_006  # 1.4 MiB of compact JSON
 # Why 1.4 MiB: etcd refuses a write over its request limit, 1.5 MiB by default

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from servegraph.extras import needs_extra
-
-DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-DEFAULT_TIMEOUT_S = 300.0
+from servegraph.raydash import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
 
 
 def add_arguments(subparsers: Any) -> None:

@@ -3,7 +3,7 @@
 The state lives in the ServeGraph's status (`status.rollout`, `status.history`), so
 a restarted operator or a new leader continues a rollout where it was, with the same
 deadline, and never retries a version it rolled back. The graphs a rollback may need
-are kept in a ConfigMap owned by the ServeGraph (operator/store.py); this module only
+are kept in a ConfigMap owned by the ServeGraph (operator/rollout/store.py); this module only
 says which digest to run and records what happened.
 
 A rollout of version V (digest D) is:
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.names import ConditionType
-from servegraph.operator.conditions import Condition
+from servegraph.operator.status.conditions import Condition
 
 PROGRESSING, SERVING, SUPERSEDED, FAILED, ROLLED_BACK = "Progressing", "Serving", "Superseded", "Failed", "RolledBack"
 FAILED_APP_STATES = ("DEPLOY_FAILED", "UNHEALTHY")

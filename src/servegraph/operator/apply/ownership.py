@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from servegraph.operator.drift import Live, conflict, live_record
+from servegraph.operator.apply.drift import Live, conflict, live_record
 
 
 class RayServiceApi(Protocol):

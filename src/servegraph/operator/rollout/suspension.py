@@ -4,7 +4,7 @@ KubeRay v1.6.2's RayService has no suspend of its own (its CRD has none; the Ray
 `suspend` would leave the RayService pushing its Serve config to a cluster without pods),
 so a suspended ServeGraph's RayService is deleted: KubeRay's finalizer removes its Ray
 clusters, and the pods go with them. Everything the ServeGraph holds stays: the status
-(graph version, rollout, history) and the graphs kept for rollback (operator/store.py).
+(graph version, rollout, history) and the graphs kept for rollback (operator/rollout/store.py).
 Resuming renders the version of `status.rollout` again, from memory or the store.
 
 While suspended nothing is downloaded: polls are held (the next one is due a whole interval
@@ -23,14 +23,14 @@ from typing import Any
 
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType, Key
+from servegraph.operator.apply.drift import Live
+from servegraph.operator.apply.ownership import NotOurs, delete_owned
 from servegraph.operator.cache import FetchState, WatchCache
-from servegraph.operator.conditions import Condition
-from servegraph.operator.drift import Live
-from servegraph.operator.edges import ApiServer
-from servegraph.operator.ownership import NotOurs, delete_owned
-from servegraph.operator.rollout import PROGRESSING, parse_rfc3339, rfc3339
+from servegraph.operator.protocols import ApiServer
+from servegraph.operator.rollout.decide import PROGRESSING, parse_rfc3339, rfc3339
 from servegraph.operator.spec import Source
-from servegraph.operator.status import Event, Observed, Outcome
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, Observed, Outcome
 
 log = logging.getLogger("servegraph.operator")
 

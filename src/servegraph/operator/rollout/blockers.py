@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from servegraph.raydash.client import summarize_message
+from servegraph.raydash.dashboard import summarize_message
 
 RUNNING = "RUNNING"
 HEALTHY = "HEALTHY"

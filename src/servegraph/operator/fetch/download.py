@@ -16,13 +16,13 @@ from typing import Protocol
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType, Key
-from servegraph.operator import store
 from servegraph.operator.cache import Memory, WatchCache
-from servegraph.operator.conditions import Condition
-from servegraph.operator.edges import Fetcher, Parser
-from servegraph.operator.secrets import SecretCache, SecretError
+from servegraph.operator.fetch.secrets import SecretCache, SecretError
+from servegraph.operator.protocols import Fetcher, Parser
+from servegraph.operator.rollout import store
 from servegraph.operator.spec import Source
-from servegraph.operator.status import Event, GoodGraph, Outcome
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, GoodGraph, Outcome
 from servegraph.source import Fetched, FetchError, FetchRequest, Limits
 
 log = logging.getLogger("servegraph.operator")

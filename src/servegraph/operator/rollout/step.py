@@ -17,14 +17,12 @@ from typing import Any
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType
-from servegraph.operator import store, suspension
-from servegraph.operator.blockers import blocking_problem
+from servegraph.operator.apply.drift import Live
 from servegraph.operator.cache import Memory
-from servegraph.operator.conditions import Condition
-from servegraph.operator.drift import Live
-from servegraph.operator.edges import Parser
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.rollout import (
+from servegraph.operator.protocols import Parser
+from servegraph.operator.rollout import store, suspension
+from servegraph.operator.rollout.blockers import blocking_problem
+from servegraph.operator.rollout.decide import (
     FAILED,
     PROGRESSING,
     ROLLED_BACK,
@@ -37,8 +35,10 @@ from servegraph.operator.rollout import (
     decide,
     kept_digests,
 )
+from servegraph.operator.run.metrics import Metrics
 from servegraph.operator.spec import owner_reference
-from servegraph.operator.status import Event, GoodGraph, Outcome
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, GoodGraph, Outcome
 
 log = logging.getLogger("servegraph.operator")
 

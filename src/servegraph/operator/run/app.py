@@ -1,7 +1,7 @@
 """The operator as a running program: API client, registry client, graph parser, queue,
 workers, leader election, and the health/metrics and events servers, wired together.
 
-`start` is the one place the edges are chosen (the real Kubernetes client, the
+`start` is the one place the I/O is chosen (the real Kubernetes client, the
 registry client under the administrator's source policy, the sandboxed parser);
 the reconciler itself only sees their interfaces.
 """
@@ -24,17 +24,17 @@ from servegraph import __version__
 from servegraph.kube import KubeClient, KubeError, connect
 from servegraph.kube.reviews import Reviews
 from servegraph.names import FIELD_MANAGER, LEASE_NAME, OPERATOR_NAMESPACE, Key
-from servegraph.operator import secrets
-from servegraph.operator.events_endpoint import events_app
-from servegraph.operator.leader import LeaderElector, LeaseConfig
-from servegraph.operator.metrics import Metrics
-from servegraph.operator.metrics_auth import MetricsGuard
-from servegraph.operator.parsing import GraphParser, default_workers
-from servegraph.operator.queue import WorkQueue
+from servegraph.operator.fetch import secrets
+from servegraph.operator.fetch.parsing import GraphParser, default_workers
+from servegraph.operator.fetch.secrets import SecretError, SecretKeyRef
 from servegraph.operator.reconcile import Reconciler
-from servegraph.operator.secrets import SecretError, SecretKeyRef
-from servegraph.operator.sharding import Shard
-from servegraph.operator.worker import run_worker
+from servegraph.operator.run.events_endpoint import events_app
+from servegraph.operator.run.leader import LeaderElector, LeaseConfig
+from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.run.metrics_auth import MetricsGuard
+from servegraph.operator.run.queue import WorkQueue
+from servegraph.operator.run.sharding import Shard
+from servegraph.operator.run.worker import run_worker
 from servegraph.source import Limits, RegistryClient, SourcePolicy
 
 log = logging.getLogger("servegraph.operator")
@@ -67,9 +67,9 @@ class Options:
     parse_workers: int = 0
     """Graph parse processes; 0: `parsing.default_workers()`, from the CPU limit."""
     shard: Shard = field(default_factory=Shard)
-    """Which ServeGraphs this instance owns (operator/sharding.py); default: all."""
+    """Which ServeGraphs this instance owns (operator/run/sharding.py); default: all."""
     metrics_auth: bool = False
-    """/metrics only for bearer tokens the API server authorizes (operator/metrics_auth.py)."""
+    """/metrics only for bearer tokens the API server authorizes (operator/run/metrics_auth.py)."""
 
 
 @dataclass

@@ -20,15 +20,15 @@ from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.names import ConditionType
-from servegraph.operator import conditions
-from servegraph.operator.blockers import (
+from servegraph.operator.rollout.blockers import (
     NO_APPLICATION,
     POD_HINT,
     blocking_problem,
     first_app_problem,
     mirror_apps,
 )
-from servegraph.operator.conditions import Condition
+from servegraph.operator.status import conditions
+from servegraph.operator.status.conditions import Condition
 
 RUNNING = "RUNNING"
 # The Warning event posted when a condition turns False, by condition type.
@@ -97,7 +97,7 @@ class Observed:
     pin or token whose download failed or has not run yet, an invalid spec) keep the
     generation they were computed for, so an old success never reads as the new spec's."""
     suspended: Condition | None = None
-    """The Ready condition of a suspended ServeGraph (operator/suspension.py): no RayService
+    """The Ready condition of a suspended ServeGraph (operator/rollout/suspension.py): no RayService
     runs, so none is mirrored; None otherwise."""
 
 

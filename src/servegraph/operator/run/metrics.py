@@ -24,7 +24,7 @@ PER_GRAPH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Few buckets: these histograms have a series per ServeGraph."""
 
 ROLLOUT_OUTCOMES = ("succeeded", "failed", "rolled_back", "superseded")
-"""`outcome` of servegraph_graph_rollouts_total, one per ending of operator/rollout.py."""
+"""`outcome` of servegraph_graph_rollouts_total, one per ending of operator/rollout/decide.py."""
 
 _reconciling: contextvars.ContextVar[Key | None] = contextvars.ContextVar("servegraph_reconciling", default=None)
 """The ServeGraph the current task reconciles: registry requests made meanwhile are its downloads."""

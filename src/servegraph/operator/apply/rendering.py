@@ -26,12 +26,12 @@ from typing import Any
 from servegraph.dag.model import Graph
 from servegraph.graph import GraphError
 from servegraph.names import SPEC_HASH_ANNOTATION, ConditionType
+from servegraph.operator.apply.drift import Desired, Live
+from servegraph.operator.apply.objectsize import manifest_bytes
 from servegraph.operator.cache import Memory
-from servegraph.operator.conditions import Condition
-from servegraph.operator.drift import Desired, Live
-from servegraph.operator.objectsize import manifest_bytes
 from servegraph.operator.spec import ServeGraphSpec, owner_reference
-from servegraph.operator.status import GoodGraph, Outcome
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import GoodGraph, Outcome
 from servegraph.render import RayServiceOptions, render_rayservice
 
 INLINE_NODES = 500

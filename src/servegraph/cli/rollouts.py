@@ -107,7 +107,7 @@ async def _live(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
         from kubernetes_asyncio import client
 
         from servegraph.kube.client import connect
-        from servegraph.operator.serve_service import WIDENING
+        from servegraph.operator.apply.serve_service import WIDENING
         from servegraph.operator.spec import owner_reference, parse_spec
     name = args.old.split("/", 1)[1]
     api = await connect(args.kubeconfig)

@@ -8,7 +8,7 @@ for the operator and a quiet cluster sees no writes from it.
 
 There is no Secret watch: RBAC cannot narrow one to the Secrets ServeGraphs name, so
 it would stream every Secret of the cluster. Tokens are read when a download needs
-them (operator/secrets.py: SecretCache).
+them (operator/fetch/secrets.py: SecretCache).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import kopf
 
 from servegraph import gcpause
 from servegraph.names import GROUP, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
-from servegraph.operator import app, kopf_settings
+from servegraph.operator.run import app, kopf_settings
 
 
 @kopf.on.login()

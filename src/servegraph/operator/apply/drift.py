@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from servegraph.names import KIND, SPEC_HASH_ANNOTATION
-from servegraph.operator.blockers import mirror_pending
-from servegraph.operator.status import mirror_applications, mirror_upgrade
+from servegraph.operator.rollout.blockers import mirror_pending
+from servegraph.operator.status.report import mirror_applications, mirror_upgrade
 
 MatchKey = tuple[Any, ...]
 """(spec hash, owner uid) of a rendered RayService: equal keys, nothing to write."""

@@ -152,10 +152,12 @@ def run(args: argparse.Namespace) -> int:
     with needs_extra("operator"):
         import kopf
 
-        import servegraph.operator.handlers  # noqa: F401 - registers the handlers
-        from servegraph.operator import kopf_settings, secrets, serve_service
-        from servegraph.operator.app import Options
-        from servegraph.operator.sharding import Shard
+        import servegraph.operator.run.handlers  # noqa: F401 - registers the handlers
+        from servegraph.operator.apply import serve_service
+        from servegraph.operator.fetch import secrets
+        from servegraph.operator.run import kopf_settings
+        from servegraph.operator.run.app import Options
+        from servegraph.operator.run.sharding import Shard
         from servegraph.source import Limits, SourcePolicy
 
     registry = kopf.get_default_registry()
@@ -256,7 +258,7 @@ async def _fetch(args: argparse.Namespace, policy: Any, token: str, ca_pem: str 
 
     if args.kubeconfig:
         from servegraph.kube import KubeClient, connect
-        from servegraph.operator.app import cluster_policy
+        from servegraph.operator.run.app import cluster_policy
 
         kube = KubeClient(await connect(args.kubeconfig))
         try:

@@ -18,17 +18,14 @@ from typing import Any
 import yaml
 
 from servegraph import grpc_client
+from servegraph.cli import deploy, observe, operate, rollouts
 from servegraph.extras import MissingExtra
 from servegraph.graph import Format, GraphError, Problem, decode, encode, load_graph
 from servegraph.graph.validate import to_model
-from servegraph.operator import command as operator_command
-from servegraph.operator import rollout_command
 from servegraph.operator.spec import pod_overrides
-from servegraph.raydash import command as raydash_command
 from servegraph.render import RayServiceOptions, render_rayservice, serve_config_yaml
 from servegraph.render.inspect import describe, to_dot
 from servegraph.render.serve_config import dump_yaml
-from servegraph.statustree import command as status_command
 
 EXIT_INVALID = 2
 
@@ -107,10 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_call)
 
     # Always listed; their modules load the optional extras only when they run.
-    raydash_command.add_arguments(sub)
-    operator_command.add_arguments(sub)
-    rollout_command.add_arguments(sub)
-    status_command.add_arguments(sub)
+    deploy.add_arguments(sub)
+    operate.add_arguments(sub)
+    rollouts.add_arguments(sub)
+    observe.add_arguments(sub)
     return parser
 
 

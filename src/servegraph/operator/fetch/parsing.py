@@ -18,7 +18,7 @@ There are several children, shared across namespaces round robin
 (`fairness.FairQueue`): a tenant publishing a graph that takes the whole CPU budget
 on every poll keeps at most all but one child busy, and waits its turn like
 everyone else. The namespace is the reconcile's (`TENANT`, set by the worker), so
-the reconcile's edges need not carry it. The limits stay per child and per parse:
+the reconcile's I/O need not carry it. The limits stay per child and per parse:
 RLIMIT_CPU counts CPU time, not wall time, so children sharing a CPU limit only
 take longer, none is cut short. Children run at a lower priority (niceness 10): when
 CPUs are short, the operator's loop and other work go first.
@@ -42,7 +42,7 @@ from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.graph import GraphError, Problem, parse_graph
-from servegraph.operator.fairness import FairQueue
+from servegraph.operator.run.fairness import FairQueue
 
 log = logging.getLogger("servegraph.operator")
 
