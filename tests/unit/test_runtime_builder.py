@@ -11,6 +11,7 @@ from ray.serve import Application
 from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
 from servegraph.runtime import BuildError, build
+from servegraph.runtime.choice import SwitchChoice
 from servegraph.runtime.routers import Child, GraphContext, SequenceRouter, SwitchRouter
 
 USER_CODE = """
@@ -98,6 +99,12 @@ def test_routers_get_children_with_their_kind() -> None:
     _, cases, default = switch.init_args
     assert [(equals, child.id) for equals, child in cases] == [("x", "f")]
     assert isinstance(default, Child) and default.id == "f"
+    # The sequence decides for the switch below it and calls `f` itself (runtime/choice.py):
+    # its child carries the switch's cases, each with the bound `f` and that edge's options.
+    assert first.choice is None
+    assert isinstance(second.choice, SwitchChoice) and second.choice.field == "k"
+    assert {equals: c.id for equals, c in second.choice.cases.items()} == {"x": "f"}
+    assert second.choice.default.handle is first.handle  # the same bound deployment
 
 
 def test_serve_accepts_build_as_an_application_builder() -> None:

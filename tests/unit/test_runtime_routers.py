@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
+from servegraph.runtime import choice
 from servegraph.runtime.payload import normalize_headers, payload_from_body, switch_value
 from servegraph.runtime.routers import (
     Child,
@@ -161,9 +162,9 @@ async def test_user_children_get_only_the_payload_and_routers_get_route() -> Non
     assert leaf.handle.calls == [("__call__", {"q": 1})]
 
 
-async def test_splitter_follows_the_weights() -> None:
+async def test_splitter_follows_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     splitter = SplitterRouter("split", [(user("stable", lambda p: "s"), 90), (user("canary", lambda p: "c"), 10)])
-    splitter._rng = random.Random(7)
+    monkeypatch.setattr(choice, "_RNG", random.Random(7))
     counts = Counter([await splitter.route(None, {}) for _ in range(10_000)])
     assert 0.88 < counts["s"] / 10_000 < 0.92
     never = SplitterRouter("split", [(user("a", lambda p: "a"), 100), (user("b", lambda p: "b"), 0)])

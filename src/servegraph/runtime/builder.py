@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
@@ -19,6 +20,7 @@ from servegraph.dag import streams
 from servegraph.dag.args import BuildError, decode, refs
 from servegraph.dag.model import (
     Argument,
+    Call,
     Constant,
     DeploymentKind,
     EnsembleKind,
@@ -28,6 +30,7 @@ from servegraph.dag.model import (
     SwitchKind,
 )
 from servegraph.runtime.calls import Child
+from servegraph.runtime.choice import Choice, SplitChoice, SwitchChoice
 from servegraph.runtime.grpc_ingress import with_graph_service
 from servegraph.runtime.routers import (
     EnsembleRouter,
@@ -59,6 +62,7 @@ def build(args: Mapping[str, Any]) -> Application:
     streaming = streams.streaming_outputs(kinds, order)
     bound: dict[str, Application] = {}
     takes_headers: set[str] = set()
+    edges = _Edges(bound, kinds, routers, takes_headers, streaming)
     for node in dag.nodes:
         if any(ref not in bound for _, ref in refs(node.kind)):
             continue  # a dependency already failed and was reported
@@ -68,7 +72,7 @@ def build(args: Mapping[str, Any]) -> Application:
                 if asks:
                     takes_headers.add(node.id)
             else:
-                bound[node.id] = _bind_router(node, bound, routers, takes_headers, streaming, context)
+                bound[node.id] = _bind_router(node, edges, context)
         except BuildError as e:
             problems.extend(e.problems)
     if problems:
@@ -76,21 +80,42 @@ def build(args: Mapping[str, Any]) -> Application:
     return bound[dag.ingress]
 
 
-def _bind_router(
-    node: Node,
-    bound: Mapping[str, Application],
-    routers: set[str],
-    takes_headers: set[str],
-    streaming: frozenset[str],
-    context: GraphContext,
-) -> Application:
+@dataclass(frozen=True)
+class _Edges:
+    """What a router needs to know of the nodes below it to call them."""
+
+    bound: Mapping[str, Application]
+    kinds: Mapping[str, Any]
+    routers: set[str]
+    takes_headers: set[str]
+    streaming: frozenset[str]
+
+    def child(self, ref: str, call: Call) -> Child:
+        """The child `ref` over an edge with `call`'s options; a switch or splitter with its
+        choice, so the router above it decides and calls the grandchild itself (`choice.py`)."""
+        kind = self.kinds[ref]
+        choice: Choice | None = None
+        match kind:
+            case SwitchKind():
+                cases = [(equals, self.child(r, kind.call(i))) for i, (equals, r) in enumerate(kind.cases)]
+                default = self.child(kind.default, kind.call(len(cases)))
+                choice = SwitchChoice.of(cases, default, kind.field, kind.header)
+            case SplitterKind():
+                routes = tuple(self.child(r, kind.call(i)) for i, (r, _) in enumerate(kind.routes))
+                choice = SplitChoice(routes, tuple(w for _, w in kind.routes))
+        return Child(
+            ref, self.bound[ref], ref in self.routers, call, ref in self.takes_headers, ref in self.streaming, choice
+        )
+
+
+def _bind_router(node: Node, edges: _Edges, context: GraphContext) -> Application:
     kind = node.kind
     assert not isinstance(kind, DeploymentKind)
     # Only a streaming router is told so: every other router is bound exactly as before streams existed.
-    streams = {"streams": True} if node.id in streaming else {}
+    streams = {"streams": True} if node.id in edges.streaming else {}
 
     def child(index: int, ref: str) -> Child:
-        return Child(ref, bound[ref], ref in routers, kind.call(index), ref in takes_headers, ref in streaming)
+        return edges.child(ref, kind.call(index))
 
     match kind:
         case SequenceKind():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servegraph.dag.model import DEFAULT_CALL, Call
+from servegraph.runtime.choice import Choice
 from servegraph.runtime.payload import Headers
 
 
@@ -29,7 +30,9 @@ class Child:
     `handle` is a bound Application while building; Serve swaps it for a
     DeploymentHandle before the router's constructor runs. `router` children are
     called with `route(payload, headers)`; user code with its payload alone, plus
-    `headers=` (the forwarded ones) when its `__call__` declares that keyword.
+    `headers=` (the forwarded ones) when its `__call__` declares that keyword. A switch
+    or splitter child carries its `choice`: the router calling it decides and calls the
+    chosen grandchild itself (`choice.py`).
     """
 
     id: str
@@ -38,6 +41,7 @@ class Child:
     call: Call = DEFAULT_CALL
     takes_headers: bool = False
     streams: bool = False
+    choice: Choice | None = None
 
 
 class NodeTimeout(Exception):
@@ -111,6 +115,11 @@ def timeout_of(exc: BaseException) -> NodeTimeout | None:
 Observer = Callable[[str, str], None]
 """Told (node, reason) of each failed attempt that is retried."""
 
+Opener = Callable[[Child, Any, Headers, Headers], Any]
+"""Starts one attempt of a call: (child, payload, headers, user headers) → an awaitable
+response with `cancel()`, or for a stream an object with `__anext__` and `cancel()`.
+A handle call by default; the caller's own choice for a `Child.choice`."""
+
 
 async def invoke(
     child: Child,
@@ -118,6 +127,7 @@ async def invoke(
     headers: Headers,
     user_headers: Headers,
     retried: Observer | None = None,
+    opener: Opener | None = None,
 ) -> Any:
     """Call `child` with its timeout and retries; the last attempt's failure propagates.
 
@@ -128,7 +138,8 @@ async def invoke(
     attempts = call.retries + 1
     for attempt in range(1, attempts + 1):
         try:
-            return await _attempt(child, payload, headers, user_headers, call.timeout_s)
+            response = (opener or _call_handle)(child, payload, headers, user_headers)
+            return await _attempt(response, call.timeout_s)
         except Exception as e:
             reason = _retry_reason(child, e, attempt, attempts)
         if retried is not None:
@@ -152,13 +163,15 @@ def _retry_reason(child: Child, exc: Exception, attempt: int, attempts: int) -> 
     return "error"
 
 
-async def _attempt(child: Child, payload: Any, headers: Headers, user_headers: Headers, timeout_s: float | None) -> Any:
+def _call_handle(child: Child, payload: Any, headers: Headers, user_headers: Headers) -> Any:
     if child.router:
-        response = child.handle.options(method_name="route").remote(payload, headers)
-    elif child.takes_headers:
-        response = child.handle.remote(payload, headers=user_headers)
-    else:
-        response = child.handle.remote(payload)
+        return child.handle.options(method_name="route").remote(payload, headers)
+    if child.takes_headers:
+        return child.handle.remote(payload, headers=user_headers)
+    return child.handle.remote(payload)
+
+
+async def _attempt(response: Any, timeout_s: float | None) -> Any:
     if timeout_s is None:
         return await response
     deadline = asyncio.timeout(timeout_s)
@@ -180,12 +193,13 @@ async def invoke_stream(
     headers: Headers,
     user_headers: Headers,
     retried: Observer | None = None,
+    opener: Opener | None = None,
 ) -> AsyncGenerator[Any, None]:
     """Call a streaming `child`: its items as they come (see the module docstring)."""
     call = child.call
     attempts = call.retries + 1
     for attempt in range(1, attempts + 1):
-        stream = _open_stream(child, payload, headers, user_headers)
+        stream = (opener or _open_stream)(child, payload, headers, user_headers)
         finished = False
         try:
             try:

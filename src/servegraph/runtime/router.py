@@ -7,6 +7,7 @@ chunked stream through `wire.py`) and `servegraph.v1.GraphService` over gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -197,33 +198,42 @@ class Router:
         except Exception as e:
             yield grpcwire.stream_failed(failure_body(e, self.node_id))
 
-    async def call(self, child: Child, payload: Any, headers: Headers) -> Any:
-        """Call one child over its edge: timeout, retries, metrics, span, forwarded headers."""
+    async def call(self, child: Child, payload: Any, headers: Headers, caller: str | None = None) -> Any:
+        """Call one child over its edge: timeout, retries, metrics, span, forwarded headers.
+
+        `caller` names the edge's upper end when it is not this router: a switch or
+        splitter child's choice is made here, its call recorded as the switch's."""
+        caller = caller or self.node_id
         start = time.perf_counter()
         try:
-            with self.spans.hop(self.node_id, child.id, headers) as sent:
+            with self.spans.hop(caller, child.id, headers) as sent:
                 user_headers = forwarded(sent, self.forward_names) if child.takes_headers else sent
-                return await invoke(child, payload, sent, user_headers, self._retried)
+                opener = None if child.choice is None else self._choose
+                return await invoke(child, payload, sent, user_headers, self._retried_from(caller), opener)
         except Exception as e:
-            self._record_failure(self.node_id, child.id, timeout_of(e))
+            self._record_failure(caller, child.id, timeout_of(e))
             raise
         finally:
             if self.metrics is not None:
-                self.metrics.call(self.node_id, child.id, time.perf_counter() - start)
+                self.metrics.call(caller, child.id, time.perf_counter() - start)
 
-    async def call_stream(self, child: Child, payload: Any, headers: Headers) -> AsyncGenerator[Any, None]:
+    async def call_stream(
+        self, child: Child, payload: Any, headers: Headers, caller: str | None = None
+    ) -> AsyncGenerator[Any, None]:
         """Call a streaming child over its edge: items as they come, recorded like `call`.
 
         A failure names the node it happened in (`NodeFailed`), since by then the
         client may hold items already and gets the error as the stream's last item.
         """
+        caller = caller or self.node_id
 
         def open_items(sent: Headers) -> AsyncGenerator[Any, None]:
             user_headers = forwarded(sent, self.forward_names) if child.takes_headers else sent
-            return invoke_stream(child, payload, sent, user_headers, self._retried)
+            opener = None if child.choice is None else self._choose_stream
+            return invoke_stream(child, payload, sent, user_headers, self._retried_from(caller), opener)
 
         try:
-            async with aclosing(self._recorded(self.node_id, child.id, headers, open_items)) as items:
+            async with aclosing(self._recorded(caller, child.id, headers, open_items)) as items:
                 async for item in items:
                     yield item
         except Exception as e:
@@ -232,13 +242,44 @@ class Router:
                 raise known from None
             raise NodeFailed(child.id, describe(e)) from e
 
-    def _retried(self, node: str, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.retried(self.node_id, node, reason)
+    def _choose(self, switch: Child, payload: Any, headers: Headers, _: Headers) -> Any:
+        """One attempt at a switch or splitter child: its choice, made here (`choice.py`)."""
+        assert switch.choice is not None
+        chosen = switch.choice.pick(payload, headers)
+        return asyncio.ensure_future(self.call(chosen, payload, headers, caller=switch.id))
+
+    def _choose_stream(self, switch: Child, payload: Any, headers: Headers, _: Headers) -> LocalStream:
+        assert switch.choice is not None
+        chosen = switch.choice.pick(payload, headers)
+        return LocalStream(self.call_stream(chosen, payload, headers, caller=switch.id))
+
+    def _retried_from(self, caller: str) -> Callable[[str, str], None]:
+        def retried(node: str, reason: str) -> None:
+            if self.metrics is not None:
+                self.metrics.retried(caller, node, reason)
+
+        return retried
 
     def _record_failure(self, caller: str, node: str, timed_out: NodeTimeout | None) -> None:
         if self.metrics is not None:
             self.metrics.failed(caller, node, "error" if timed_out is None else "timeout")
+
+
+class LocalStream:
+    """A stream made in this process, shaped like a handle's streaming response
+    (`__anext__`, `cancel()`), so one edge's timeouts and retries wrap it unchanged."""
+
+    def __init__(self, items: AsyncGenerator[Any, None]) -> None:
+        self._items = items
+        self._closing: asyncio.Future[None] | None = None
+
+    async def __anext__(self) -> Any:
+        return await anext(self._items)
+
+    def cancel(self) -> None:
+        """Close the generator, and with it whatever it called (invoke_stream calls this
+        when it stops early, never while an item is awaited)."""
+        self._closing = asyncio.ensure_future(self._items.aclose())
 
 
 async def _prepend(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:

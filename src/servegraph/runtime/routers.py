@@ -18,13 +18,13 @@ body (`wire.py`) and gRPC's `Stream` item by item. Every router answers
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
 from servegraph.runtime.calls import Child, NodeTimeout, timeout_of
-from servegraph.runtime.payload import Headers, switch_value
+from servegraph.runtime.choice import SplitChoice, SwitchChoice
+from servegraph.runtime.payload import Headers
 from servegraph.runtime.router import Router, json_response
 from servegraph.runtime.telemetry import GraphContext
 
@@ -141,7 +141,10 @@ class EnsembleRouter(Router):
 
 
 class SwitchRouter(Router):
-    """Routes by a top-level JSON field or a header; unmatched requests go to the default."""
+    """Routes by a top-level JSON field or a header; unmatched requests go to the default.
+
+    Called by another router, its choice is made there (`choice.py`): this deployment
+    answers when it is the ingress, or when user code calls it."""
 
     def __init__(
         self,
@@ -154,28 +157,21 @@ class SwitchRouter(Router):
         streams: bool = False,
     ) -> None:
         super().__init__(node_id, context, streams)
-        self.cases: dict[str, Child] = {}
-        for equals, child in cases:
-            self.cases.setdefault(equals, child)  # the first matching case wins
-        self.default = default
-        self.field = field
-        self.header = header
-
-    def choose(self, payload: Any, headers: Headers) -> Child:
-        value = switch_value(payload, headers, field=self.field, header=self.header)
-        return self.default if value is None else self.cases.get(value, self.default)
+        self.choice = SwitchChoice.of(cases, default, field, header)
 
     async def route(self, payload: Any, headers: Headers) -> Any:
-        return await self.call(self.choose(payload, headers), payload, headers)
+        return await self.call(self.choice.pick(payload, headers), payload, headers)
 
     async def items(self, payload: Any, headers: Headers) -> AsyncGenerator[Any, None]:
-        async with aclosing(self.call_stream(self.choose(payload, headers), payload, headers)) as items:
+        async with aclosing(self.call_stream(self.choice.pick(payload, headers), payload, headers)) as items:
             async for item in items:
                 yield item
 
 
 class SplitterRouter(Router):
-    """Sends each request to one route at random, in proportion to the weights (canary, A/B)."""
+    """Sends each request to one route at random, in proportion to the weights (canary, A/B).
+
+    Called by another router, its choice is made there, as a switch's is."""
 
     def __init__(
         self,
@@ -185,18 +181,12 @@ class SplitterRouter(Router):
         streams: bool = False,
     ) -> None:
         super().__init__(node_id, context, streams)
-        self.children = [child for child, _ in routes]
-        self.weights = [weight for _, weight in routes]
-        # Traffic splitting needs uniformity, not unpredictability.
-        self._rng = random.Random()  # noqa: S311
-
-    def choose(self) -> Child:
-        return self._rng.choices(self.children, weights=self.weights)[0]
+        self.choice = SplitChoice(tuple(c for c, _ in routes), tuple(w for _, w in routes))
 
     async def route(self, payload: Any, headers: Headers) -> Any:
-        return await self.call(self.choose(), payload, headers)
+        return await self.call(self.choice.pick(payload, headers), payload, headers)
 
     async def items(self, payload: Any, headers: Headers) -> AsyncGenerator[Any, None]:
-        async with aclosing(self.call_stream(self.choose(), payload, headers)) as items:
+        async with aclosing(self.call_stream(self.choice.pick(payload, headers), payload, headers)) as items:
             async for item in items:
                 yield item
