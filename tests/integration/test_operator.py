@@ -27,6 +27,7 @@ from sg_support import (
 from support import REGISTRY_TOKEN, SAMPLES
 
 from servegraph.graph import load_graph
+from servegraph.names import ConditionType
 from servegraph.operator.rollout.blockers import NO_APPLICATION, POD_HINT, mirror_pending
 from servegraph.operator.status.conditions import Condition
 from servegraph.operator.status.report import GoodGraph, Observed, Outcome, report
@@ -476,7 +477,7 @@ async def test_the_crd_keeps_a_stuck_rollouts_status_whole(
     pending = mirror_pending({"status": kuberay_status})
     assert pending is not None and len(pending["applications"]["sentiment"]["message"]) == 1024
     good = GoodGraph(load_graph(SAMPLES / "mini.pb"), hashlib.sha256(sample_bytes("mini")).hexdigest())
-    applied = Condition("Applied", True, "UpToDate", "RayService g matches the graph and spec")
+    applied = Condition(ConditionType.APPLIED, True, "UpToDate", "RayService g matches the graph and spec")
     status = report(
         {}, 1, Observed(Outcome(applied=applied), good, None, "g", {}, pending=pending), "2026-01-01T00:00:00Z"
     ).status

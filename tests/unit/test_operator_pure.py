@@ -12,6 +12,7 @@ from cloudevents.core.v1.event import CloudEvent
 from support import SAMPLES
 
 from servegraph.graph import load_graph
+from servegraph.names import ConditionType
 from servegraph.operator.apply.drift import contains
 from servegraph.operator.fetch import secrets
 from servegraph.operator.fetch.secrets import SecretError, SecretKeyRef
@@ -67,9 +68,9 @@ def test_spec_defaults_and_overrides() -> None:
 
 
 def test_condition_transition_time_moves_only_on_status_change() -> None:
-    first = conditions.merge([], [Condition("Fetched", True, "Downloaded", "a")], 1, "T1")
-    same = conditions.merge(first, [Condition("Fetched", True, "NotModified", "b")], 2, "T2")
-    flipped = conditions.merge(same, [Condition("Fetched", False, "Timeout", "c")], 2, "T3")
+    first = conditions.merge([], [Condition(ConditionType.FETCHED, True, "Downloaded", "a")], 1, "T1")
+    same = conditions.merge(first, [Condition(ConditionType.FETCHED, True, "NotModified", "b")], 2, "T2")
+    flipped = conditions.merge(same, [Condition(ConditionType.FETCHED, False, "Timeout", "c")], 2, "T3")
     assert first[0]["lastTransitionTime"] == "T1"
     assert (
         same[0]["lastTransitionTime"] == "T1"
@@ -78,7 +79,10 @@ def test_condition_transition_time_moves_only_on_status_change() -> None:
     )
     assert flipped[0]["lastTransitionTime"] == "T3" and flipped[0]["status"] == "False"
     ordered = conditions.merge(
-        flipped, [Condition("Ready", None, "X", ""), Condition("Applied", True, "Y", "")], 2, "T4"
+        flipped,
+        [Condition(ConditionType.READY, None, "X", ""), Condition(ConditionType.APPLIED, True, "Y", "")],
+        2,
+        "T4",
     )
     assert [c["type"] for c in ordered] == ["Fetched", "Applied", "Ready"]
     assert ordered[2]["status"] == "Unknown"

@@ -10,6 +10,7 @@ import pytest
 from support import SAMPLES
 
 from servegraph.graph import load_graph
+from servegraph.names import ConditionType
 from servegraph.operator.rollout.blockers import MAX_MESSAGE, MAX_MESSAGES, blocking_problem, mirror_pending
 from servegraph.operator.status.conditions import Condition
 from servegraph.operator.status.report import Event, GoodGraph, Observed, Outcome, mirror_applications, report
@@ -19,13 +20,13 @@ GOOD = GoodGraph(GRAPH, "ab" * 32)
 NEWER = GoodGraph(GRAPH, "cd" * 32)
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
-FETCHED = Condition("Fetched", True, "Downloaded", "downloaded 300 bytes from https://r/mini")
-NOT_MODIFIED = Condition("Fetched", True, "NotModified", 'https://r/mini has not changed (ETag "e1")')
-UNAUTHORIZED = Condition("Fetched", False, "Unauthorized", "https://r/mini answered HTTP 401")
-VALID = Condition("GraphValid", True, "Valid", "graph mini version '1': 1 applications, 2 nodes")
-INVALID = Condition("GraphValid", False, "InvalidGraph", "cannot decode binary protobuf")
-APPLIED = Condition("Applied", True, "UpToDate", "RayService mini matches the graph and spec")
-NO_GRAPH = Condition("Applied", False, "NoValidGraph", "no valid graph has been downloaded yet")
+FETCHED = Condition(ConditionType.FETCHED, True, "Downloaded", "downloaded 300 bytes from https://r/mini")
+NOT_MODIFIED = Condition(ConditionType.FETCHED, True, "NotModified", 'https://r/mini has not changed (ETag "e1")')
+UNAUTHORIZED = Condition(ConditionType.FETCHED, False, "Unauthorized", "https://r/mini answered HTTP 401")
+VALID = Condition(ConditionType.GRAPH_VALID, True, "Valid", "graph mini version '1': 1 applications, 2 nodes")
+INVALID = Condition(ConditionType.GRAPH_VALID, False, "InvalidGraph", "cannot decode binary protobuf")
+APPLIED = Condition(ConditionType.APPLIED, True, "UpToDate", "RayService mini matches the graph and spec")
+NO_GRAPH = Condition(ConditionType.APPLIED, False, "NoValidGraph", "no valid graph has been downloaded yet")
 RUNNING = {"sentiment": {"status": "RUNNING", "deployments": {}}}
 UPGRADE = {"activeRayCluster": "mini-a", "pendingRayCluster": "mini-b", "applications": {"sentiment": "DEPLOYING"}}
 

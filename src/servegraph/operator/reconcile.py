@@ -57,14 +57,14 @@ class RetryLater(Exception):
 
 
 # Each step of a reconcile: the condition its unexpected exception is reported in, and what it was doing.
-STEPS = {
+STEPS: dict[str, tuple[ConditionType | None, str]] = {
     "spec": (ConditionType.FETCHED, "reading the spec"),
     "download": (ConditionType.FETCHED, "downloading"),
     "ownership": (ConditionType.APPLIED, "checking who owns the RayService"),
     "rollout": (ConditionType.APPLIED, "planning the rollout"),
     "render": (ConditionType.APPLIED, "rendering the RayService"),
     "apply": (ConditionType.APPLIED, "applying the RayService"),
-    "status": ("", "writing the status"),
+    "status": (None, "writing the status"),
 }
 
 
@@ -350,9 +350,10 @@ class Reconciler:
         and say in the step's condition which exception it was (its text could carry a secret)."""
         log.error("[%s/%s] unexpected %s while %s", *key, type(exc).__name__, STEPS[step][1], exc_info=exc)
         self.metrics.internal_error(step, exc)
-        if out is None:
+        kind = STEPS[step][0]
+        if out is None or kind is None:
             return
-        cond = Condition(STEPS[step][0], False, "InternalError", _internal(exc, step))
+        cond = Condition(kind, False, "InternalError", _internal(exc, step))
         out.fetched, out.applied = (cond, out.applied) if cond.type == ConditionType.FETCHED else (out.fetched, cond)
         out.retry = True
 

@@ -14,8 +14,7 @@ MAX_MESSAGE = 4096
 
 @dataclass(frozen=True)
 class Condition:
-    type: str
-    """A ConditionType. Typed str while reconcile, download and writer still pass literals."""
+    type: ConditionType
     status: bool | None  # None is "Unknown"
     reason: str
     message: str
