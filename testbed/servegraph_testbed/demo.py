@@ -2,8 +2,8 @@
 
 The node tier of the test bed (etcd, kube-apiserver, controller-manager, scheduler, a
 kubelet with containerd and the CNI bridge, kube-proxy, CoreDNS), KubeRay installed
-from its own kustomize config and servegraph from our Helm chart (two replicas, leader
-election). The `mini` sample is published to an HTTPS graph registry that requires a
+from its own kustomize config and servegraph with `kubectl apply -k config/default` (two
+replicas, leader election; the node tier's other tests install the Helm chart). The `mini` sample is published to an HTTPS graph registry that requires a
 bearer token; a ServeGraph is applied; KubeRay starts real Ray pods; the demo asks the
 graph's route until it answers. Then it publishes version 2 with the registry's publish
 call, posts the "graph published" CloudEvent to the operator, and asks until the answer
@@ -80,9 +80,11 @@ async def _ask_until(url: str, want: dict[str, object], within: float) -> dict[s
 
 async def _demo(check: bool) -> int:
     iptables_before = _iptables()
-    stack = Stack()
+    # The node tier's other tests run the Helm chart; the demo installs the other way users do.
+    stack = Stack(install="kustomize")
     say("starting a one-node Kubernetes cluster (etcd, kube-apiserver, controller-manager, scheduler,")
-    say("kubelet + containerd + CNI bridge, kube-proxy, CoreDNS), KubeRay (kustomize) and servegraph (Helm) ...")
+    say("kubelet + containerd + CNI bridge, kube-proxy, CoreDNS), KubeRay (kustomize) and servegraph")
+    say("(kubectl apply -k config/default) ...")
     failed = False
     cluster = stack.cluster
     try:

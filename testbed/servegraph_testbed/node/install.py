@@ -4,7 +4,8 @@
 - KubeRay from its own kustomize install (ray-operator/config/default of the module the
   operator was built from), with only its image swapped for the one built here;
 - servegraph from our Helm chart, with its defaults (two replicas, leader election, the
-  events endpoint) and the operator image built from docker/operator.Dockerfile.
+  events endpoint) and the operator image built from docker/operator.Dockerfile; or, as
+  docs/install.md's other way, `kubectl apply -k config/default` (`install_servegraph_kustomize`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ SERVEGRAPH_NAMESPACE = "servegraph-system"
 SERVEGRAPH_RELEASE = "servegraph-operator"
 OPERATOR_DEPLOYMENT = "servegraph-operator"
 EVENTS_SECRET = "servegraph-events"  # noqa: S105 (a Secret's name, not a password)
+KUSTOMIZE_EVENTS_SECRET = "servegraph-operator-events-token"  # noqa: S105 (config/manager's name for it)
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,7 @@ def install_servegraph(
 ) -> Installed:
     """`helm install` of charts/servegraph-operator (the CRD comes from install_crd)."""
     cp = cluster.cp
-    token = secrets.token_urlsafe(24)
-    cp.kubectl("create", "namespace", SERVEGRAPH_NAMESPACE)
-    cp.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=(
-            "apiVersion: v1\nkind: Secret\n"
-            f"metadata: {{name: {EVENTS_SECRET}, namespace: {SERVEGRAPH_NAMESPACE}}}\n"
-            f"data: {{token: {base64.b64encode(token.encode()).decode()}}}\n"
-        ),
-    )
+    token = _events_secret(cluster, EVENTS_SECRET)
     values = {
         "replicaCount": str(replicas),
         "events.tokenSecret.name": EVENTS_SECRET,
@@ -90,3 +81,50 @@ def install_servegraph(
     cp.helm(*args)
     cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
     return Installed(events_token=token)
+
+
+def install_servegraph_kustomize(cluster: NodeCluster, *, replicas: int = 2) -> Installed:
+    """`kubectl apply --server-side -k` of config/default as docs/install.md says (the CRD
+    again, the RBAC, the Deployment, its Service and PDB), after the events token Secret
+    config/manager names; an overlay sets only the image built here and the replicas."""
+    cp = cluster.cp
+    token = _events_secret(cluster, KUSTOMIZE_EVENTS_SECRET)
+    tree = cp.workdir / "servegraph-config"
+    if not tree.exists():
+        shutil.copytree(REPO_ROOT / "config", tree)
+    overlay = tree / "servegraph-testbed"
+    overlay.mkdir(exist_ok=True)
+    repository, _, tag = cluster.images.ref("operator").rpartition(":")
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        "resources: [../default]\n"
+        "images:\n"
+        "  - name: ghcr.io/servegraph/servegraph-operator\n"
+        f"    newName: {repository}\n"
+        f"    newTag: {tag}\n"
+        "replicas:\n"
+        f"  - name: {OPERATOR_DEPLOYMENT}\n"
+        f"    count: {replicas}\n"
+    )
+    cp.kubectl("apply", "--server-side", "-k", str(overlay))
+    cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
+    return Installed(events_token=token)
+
+
+def _events_secret(cluster: NodeCluster, name: str) -> str:
+    """The operator's namespace and the events endpoint's token Secret, made before the
+    operator (it reads the token on demand, so either order works; this one skips a 401)."""
+    token = secrets.token_urlsafe(24)
+    cluster.cp.kubectl("create", "namespace", SERVEGRAPH_NAMESPACE)
+    cluster.cp.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=(
+            "apiVersion: v1\nkind: Secret\n"
+            f"metadata: {{name: {name}, namespace: {SERVEGRAPH_NAMESPACE}}}\n"
+            f"data: {{token: {base64.b64encode(token.encode()).decode()}}}\n"
+        ),
+    )
+    return token

@@ -16,7 +16,13 @@ import yaml
 from servegraph_testbed.certs import write_pki
 from servegraph_testbed.controlplane import ControlPlane
 from servegraph_testbed.node.cluster import NodeCluster
-from servegraph_testbed.node.install import Installed, install_crd, install_kuberay, install_servegraph
+from servegraph_testbed.node.install import (
+    Installed,
+    install_crd,
+    install_kuberay,
+    install_servegraph,
+    install_servegraph_kustomize,
+)
 from servegraph_testbed.node.network import NodeNetwork
 from servegraph_testbed.registry import Registry, RegistryServer
 
@@ -34,9 +40,13 @@ class Stack:
             stack.apply(stack.servegraph_manifest("demo", "mini", "demo-mini"))
     """
 
-    def __init__(self, cluster: NodeCluster | None = None, *, operator_replicas: int = 2) -> None:
+    def __init__(
+        self, cluster: NodeCluster | None = None, *, operator_replicas: int = 2, install: str = "helm"
+    ) -> None:
+        """`install`: "helm" (charts/servegraph-operator) or "kustomize" (config/default)."""
         self.cluster = cluster or NodeCluster(gpus=2)
         self.operator_replicas = operator_replicas
+        self.install = {"helm": install_servegraph, "kustomize": install_servegraph_kustomize}[install]
         self.read_token = secrets.token_urlsafe(24)
         self.publish_token = secrets.token_urlsafe(24)
         self.installed: Installed | None = None
@@ -58,7 +68,7 @@ class Stack:
             await asyncio.to_thread(install_crd, self.cluster)
             await asyncio.to_thread(install_kuberay, self.cluster)
             self.timings["KubeRay ready"] = round(time.monotonic() - t0, 2)
-            self.installed = await asyncio.to_thread(install_servegraph, self.cluster, replicas=self.operator_replicas)
+            self.installed = await asyncio.to_thread(self.install, self.cluster, replicas=self.operator_replicas)
             self.timings["servegraph ready"] = round(time.monotonic() - t0, 2)
             pki_dir = self.cluster.cp.workdir / "registry-pki"
             pki_dir.mkdir()
