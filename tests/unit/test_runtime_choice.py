@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
-from test_runtime_streams import Gen, Handle, body_of, collect, request
+from test_runtime_streams import Flaky, Gen, Handle, body_of, collect, request
 
 from servegraph.dag.model import Call
 from servegraph.runtime.calls import Child, NodeTimeout
@@ -100,14 +99,6 @@ async def test_the_edge_into_the_switch_still_bounds_the_first_item() -> None:
 
 
 async def test_the_edge_below_the_switch_keeps_its_retries() -> None:
-    class Flaky(Gen):
-        async def __call__(self, payload: Any) -> AsyncGenerator[Any, None]:
-            self.calls = getattr(self, "calls", 0) + 1
-            if self.calls == 1:
-                raise RuntimeError("cold start")
-            async for item in super().__call__(payload):
-                yield item
-
     flaky = Flaky(count=2)
     seq = SequenceRouter("seq", [switch({}, gen_child("gen", flaky, Call(retries=1)), True)], streams=True)
     metrics = recorded(seq)

@@ -181,15 +181,18 @@ async def test_the_edge_timeout_bounds_the_first_item_and_each_gap() -> None:
     assert gen.closed == 1  # the generator cut by the timeout was closed, not left running
 
 
-async def test_a_stream_is_retried_before_its_first_item_only() -> None:
-    class Flaky(Gen):
-        async def __call__(self, payload: Any) -> AsyncGenerator[Any, None]:
-            self.calls = getattr(self, "calls", 0) + 1
-            if self.calls == 1:
-                raise RuntimeError("cold start")
-            async for item in super().__call__(payload):
-                yield item
+class Flaky(Gen):
+    """A generator deployment whose first call fails before any item (a cold start)."""
 
+    async def __call__(self, payload: Any) -> AsyncGenerator[Any, None]:
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 1:
+            raise RuntimeError("cold start")
+        async for item in super().__call__(payload):
+            yield item
+
+
+async def test_a_stream_is_retried_before_its_first_item_only() -> None:
     flaky = Flaky(count=2)
     seq = SequenceRouter("seq", [child("gen", flaky, True, Call(retries=1))], streams=True)
     assert [x["i"] for x in await collect(seq)] == [0, 1]

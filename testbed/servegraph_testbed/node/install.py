@@ -14,6 +14,7 @@ import base64
 import secrets
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from servegraph_testbed.binaries import REPO_ROOT
 from servegraph_testbed.node.cluster import NodeCluster
@@ -43,21 +44,7 @@ def install_crd(cluster: NodeCluster) -> None:
 def install_kuberay(cluster: NodeCluster) -> None:
     """`kubectl apply -k` of KubeRay's config/default, image swapped by a kustomize overlay."""
     cp = cluster.cp
-    tree = cp.workdir / "kuberay-config"
-    if not tree.exists():
-        shutil.copytree(cp.binaries.kuberay_config, tree)
-    overlay = tree / "servegraph-testbed"
-    overlay.mkdir(exist_ok=True)
-    repository, _, tag = cluster.images.ref("kuberay").rpartition(":")
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
-        "kind: Kustomization\n"
-        "resources: [../default]\n"
-        "images:\n"
-        "  - name: quay.io/kuberay/operator\n"
-        f"    newName: {repository}\n"
-        f"    newTag: {tag}\n"
-    )
+    overlay = _image_overlay(cluster, cp.binaries.kuberay_config, "kuberay", "quay.io/kuberay/operator")
     # Server-side: KubeRay's CRDs are too large for client-side apply's annotation.
     cp.kubectl("apply", "--server-side", "-k", str(overlay))
     cluster.wait_rollout(KUBERAY_NAMESPACE, "deployment/kuberay-operator")
@@ -89,27 +76,34 @@ def install_servegraph_kustomize(cluster: NodeCluster, *, replicas: int = 2) -> 
     config/manager names; an overlay sets only the image built here and the replicas."""
     cp = cluster.cp
     token = _events_secret(cluster, KUSTOMIZE_EVENTS_SECRET)
-    tree = cp.workdir / "servegraph-config"
+    replicas_yaml = f"replicas:\n  - name: {OPERATOR_DEPLOYMENT}\n    count: {replicas}\n"
+    overlay = _image_overlay(
+        cluster, REPO_ROOT / "config", "operator", "ghcr.io/servegraph/servegraph-operator", replicas_yaml
+    )
+    cp.kubectl("apply", "--server-side", "-k", str(overlay))
+    cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
+    return Installed(events_token=token)
+
+
+def _image_overlay(cluster: NodeCluster, config: Path, role: str, image: str, extra: str = "") -> Path:
+    """A copy of a kustomize `config` tree with an overlay on its `default` that swaps `image`
+    for the one built here for `role` (and adds `extra`, kustomization YAML)."""
+    tree = cluster.cp.workdir / f"{role}-config"
     if not tree.exists():
-        shutil.copytree(REPO_ROOT / "config", tree)
+        shutil.copytree(config, tree)
     overlay = tree / "servegraph-testbed"
     overlay.mkdir(exist_ok=True)
-    repository, _, tag = cluster.images.ref("operator").rpartition(":")
+    repository, _, tag = cluster.images.ref(role).rpartition(":")
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         "kind: Kustomization\n"
         "resources: [../default]\n"
         "images:\n"
-        "  - name: ghcr.io/servegraph/servegraph-operator\n"
+        f"  - name: {image}\n"
         f"    newName: {repository}\n"
-        f"    newTag: {tag}\n"
-        "replicas:\n"
-        f"  - name: {OPERATOR_DEPLOYMENT}\n"
-        f"    count: {replicas}\n"
+        f"    newTag: {tag}\n" + extra
     )
-    cp.kubectl("apply", "--server-side", "-k", str(overlay))
-    cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
-    return Installed(events_token=token)
+    return overlay
 
 
 def _events_secret(cluster: NodeCluster, name: str) -> str:
