@@ -302,3 +302,17 @@ async def test_a_ca_bundle_from_a_configmap_reaches_the_download() -> None:
     c.watch_servegraph()
     await c.reconcile()
     assert c.registry.requests[0].ca_pem == "-----BEGIN CERTIFICATE-----\n..."
+
+
+async def test_the_status_written_replaces_the_cached_body_and_edits_no_copy_held() -> None:
+    """A reconcile may hold the cached body while another one writes: the status write puts a
+    new body in the cache (the watch delivers the object later) and leaves the old one as it was."""
+    c = Cluster()
+    c.watch_servegraph()
+    held = c.reconciler.cache.body(KEY)
+    assert held is not None and "status" not in held
+    await c.reconcile()
+    assert "status" not in held  # not edited in place
+    cached = c.reconciler.cache.body(KEY)
+    assert cached is not held
+    assert cached is not None and cached["status"] == c.body["status"]  # what the API server now has

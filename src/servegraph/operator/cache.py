@@ -98,6 +98,13 @@ class WatchCache:
         self._bodies[key] = _slim(body)
         return key
 
+    def put_status(self, key: Key, uid: str, status: Mapping[str, Any]) -> None:
+        """The status the operator just wrote, kept until the watch delivers the object with
+        it. The cached body is replaced, never edited: a reconcile may be holding it."""
+        body = self._bodies.get(key)
+        if body is not None and body["metadata"].get("uid") == uid:
+            self._bodies[key] = {**body, "status": status}
+
     def forget_servegraph(self, key: Key) -> None:
         self._bodies.pop(key, None)
         self._memory.pop(key, None)

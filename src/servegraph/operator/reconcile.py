@@ -338,7 +338,7 @@ class Reconciler:
                 log.warning("[%s/%s] status update failed: %s", ns, name, exc)
                 raise RetryLater from None
             self.metrics.writes.labels("status").inc()
-            body["status"] = result.status
+            self.cache.put_status(key, meta["uid"], result.status)
             for c in result.transitions:
                 log.info("[%s/%s] %s=%s %s: %s", ns, name, c["type"], c["status"], c["reason"], c["message"])
         for event in result.events:
