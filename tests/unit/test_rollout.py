@@ -18,6 +18,7 @@ from servegraph.operator.rollout.decide import (
     decide,
     rfc3339,
 )
+from servegraph.operator.rollout.step import with_upgrade
 
 T0 = 1_800_000_000.0
 SPEC = RolloutSpec(progress_deadline_s=300)
@@ -236,3 +237,20 @@ def test_progressing_and_a_missed_deadline_name_the_first_blocking_problem() -> 
     assert failed.history[0]["message"] == "ProgressDeadlineExceeded: not Ready within the progress deadline " + (
         f"({rfc3339(T0 + 300)}); {why}"
     )
+
+
+def test_the_predicted_upgrade_is_recorded_on_a_new_decision() -> None:
+    """What KubeRay will make of the apply reaches the rollout and its history entry, on a new
+    Decision: the one decide returned is not edited (issue 24)."""
+    rollout = {"version": "2", "phase": PROGRESSING}
+    decision = Decision(target="d2", rollout=rollout, history=[{"version": "2"}, {"version": "1"}])
+    recorded = with_upgrade(decision, "NewCluster")
+    assert recorded.rollout == {"version": "2", "phase": PROGRESSING, "upgrade": "NewCluster"}
+    assert recorded.history == [{"version": "2", "upgrade": "NewCluster"}, {"version": "1"}]
+    assert decision.rollout == {"version": "2", "phase": PROGRESSING}
+    assert decision.history == [{"version": "2"}, {"version": "1"}]
+    # A rollout that already says, and no rollout at all, stay as they are.
+    said = Decision(target="d2", rollout={"upgrade": "InPlace"}, history=[])
+    assert with_upgrade(said, "NewCluster") is said
+    none = Decision(target=None, rollout=None, history=[])
+    assert with_upgrade(none, "NewCluster") is none

@@ -39,7 +39,7 @@ from servegraph.operator.protocols import ApiServer, Fetcher, Parser
 from servegraph.operator.rollout import restart as restarts
 from servegraph.operator.rollout import suspension
 from servegraph.operator.rollout.decide import Decision
-from servegraph.operator.rollout.step import Rollouts
+from servegraph.operator.rollout.step import Rollouts, with_upgrade
 from servegraph.operator.run.metrics import Metrics
 from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.spec import ServeGraphSpec, SpecError, parse_spec
@@ -261,9 +261,11 @@ class Reconciler:
                         live = live_of(live.raw, desired)
                         self.cache.put_rayservice((namespace, rs_name), live)
                     step = "apply"
-                    live, clash = await self.writer.apply(
-                        key, body["metadata"]["uid"], desired, live, out, decision, lambda: self._current(key, body)
+                    live, clash, upgrade = await self.writer.apply(
+                        key, body["metadata"]["uid"], desired, live, out, lambda: self._current(key, body)
                     )
+                    if decision is not None and upgrade is not None:
+                        decision = with_upgrade(decision, upgrade)
                     if restart.refused is not None and out.applied is not None and out.applied.status:
                         out.applied = restart.refused
             except Exception as exc:

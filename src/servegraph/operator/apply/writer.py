@@ -18,7 +18,6 @@ from servegraph.operator.apply.objectsize import too_large
 from servegraph.operator.apply.ownership import NotOurs, apply_owned
 from servegraph.operator.cache import WatchCache
 from servegraph.operator.protocols import ApiServer
-from servegraph.operator.rollout.decide import Decision
 from servegraph.operator.run.metrics import Metrics
 from servegraph.operator.status.conditions import Condition
 from servegraph.operator.status.report import Event, Outcome
@@ -90,29 +89,25 @@ class RayServiceWriter:
         desired: Desired,
         live: Live | None,
         out: Outcome,
-        decision: Decision | None,
         may_write: Callable[[], bool],
-    ) -> tuple[Live | None, str | None]:
+    ) -> tuple[Live | None, str | None, str | None]:
         """Apply the desired RayService unless it is live already; (the live record, why it is
-        not ours to write or None)."""
+        not ours to write or None, what KubeRay will make of the change — `predict`'s kind —
+        or None when nothing is written)."""
         meta = desired.manifest["metadata"]
         name, where = meta["name"], (meta["namespace"], meta["name"])
         if live is not None and live.matched is not None and live.matched == desired.match_key:
             out.applied = Condition(
                 ConditionType.APPLIED, True, "UpToDate", f"RayService {name} matches the graph and spec"
             )
-            return live, None
+            return live, None, None
         refused = too_large(name, desired.size)
         if refused is not None:  # the same on every retry: said once, tried again for a new render
             out.applied = refused
-            return live, None
+            return live, None, None
         old = None if live is None else {"spec": {"rayClusterConfig": live.cluster, "serveConfigV2": live.serve_config}}
         # Compares the cluster specs and the Serve config texts only: a millisecond at 10,000 nodes.
         prediction = predict(old, desired.manifest, applications=False)
-        if decision is not None and decision.rollout is not None and "upgrade" not in decision.rollout:
-            decision.rollout["upgrade"] = prediction.kind
-            if decision.history:
-                decision.history[0].setdefault("upgrade", prediction.kind)
         if prediction.new_cluster:
             out.events.append(Event("Normal", "NewClusterUpgrade", f"RayService {name}: {prediction.summary()}"))
         # The first write over an existing RayService is decided on the record held (our last
@@ -120,7 +115,7 @@ class RayServiceWriter:
         held = live if live is not None and live.resource_version is not None else None
         for attempt in range(APPLY_ATTEMPTS + (held is not None)):
             if not may_write():
-                return live, None
+                return live, None, None
             try:
                 known = held if attempt == 0 else None
                 applied = await apply_owned(self.api, desired.manifest, uid, live is not None, known)
@@ -128,7 +123,7 @@ class RayServiceWriter:
                 self.cache.put_rayservice(where, exc.live)  # what the watch may never deliver (label removed)
                 out.applied = Condition(ConditionType.APPLIED, False, "Conflict", exc.reason)
                 out.retry = True
-                return None, exc.reason
+                return None, exc.reason, prediction.kind
             except KubeError as exc:
                 if exc.status == 409 and live is not None:
                     continue  # changed since it was read: read it again, and decide again
@@ -137,7 +132,7 @@ class RayServiceWriter:
                     self.cache.forget_rayservice(where)  # read it next time, and see whose it is
                 out.applied = Condition(ConditionType.APPLIED, False, reason, str(exc))
                 out.retry = True
-                return live, None
+                return live, None, prediction.kind
             break
         else:
             self.cache.forget_rayservice(where)
@@ -148,7 +143,7 @@ class RayServiceWriter:
                 f"RayService {name} changed while it was being written; read again",
             )
             out.retry = True
-            return live, None
+            return live, None, prediction.kind
         self.metrics.writes.labels("rayservice").inc()
         record = live_record(applied, desired.match_key)
         self.cache.put_rayservice(where, record)
@@ -158,4 +153,4 @@ class RayServiceWriter:
         out.applied = Condition(
             ConditionType.APPLIED, True, "UpToDate", f"RayService {name} matches the graph and spec"
         )
-        return record, None
+        return record, None, prediction.kind

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from servegraph.graph import GraphError
@@ -163,3 +164,15 @@ class Rollouts:
             entry["rollbackAvailable"] = entry["digest"] in kept
         if memory.good is not None and memory.good.digest in kept:
             memory.good_bytes = None  # in the store now: one copy per ServeGraph in memory is too many
+
+
+def with_upgrade(decision: Decision, kind: str) -> Decision:
+    """The decision with what KubeRay will make of the apply (`render.upgrade.predict`'s kind)
+    recorded on a rollout that does not say yet, and on its history entry: a new Decision,
+    the one `decide` returned left as it was."""
+    if decision.rollout is None or "upgrade" in decision.rollout:
+        return decision
+    history = [dict(entry) for entry in decision.history]
+    if history:
+        history[0].setdefault("upgrade", kind)
+    return replace(decision, rollout={**decision.rollout, "upgrade": kind}, history=history)
