@@ -9,7 +9,10 @@ the record the caller already holds when it has one (what our last apply answere
 what the watch delivered since), so an update costs no read; when that version is stale
 (KubeRay's status writes move it too, and a hand edit the watch never delivers) the write
 is refused, and the caller reads the object and decides again. One believed absent is
-created without force: one made meanwhile by someone else answers 409. Deleting
+created without force: one made meanwhile by someone else is refused — 409 for a field
+conflict, 422 when it names another controller in its ownerReferences (two controllers are
+invalid; found by the contract suite on the real API server) — and the next reconcile
+decides on the object the watch delivers. Deleting
 (spec.suspend) is decided the same way: on the object as read, the delete carrying its
 uid and resourceVersion as preconditions.
 """
