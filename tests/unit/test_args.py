@@ -26,6 +26,7 @@ from servegraph.dag.model import (
     SwitchKind,
     Telemetry,
 )
+from servegraph.dag.rules import MAX_DEPTH
 from servegraph.render import serve_config_yaml
 
 
@@ -310,3 +311,14 @@ def test_decoding_the_rendered_args_gives_back_the_dag(graph: Graph) -> None:
         identity = graph_identity(options.get("user_config"))
         assert identity == ((graph.name, graph.version) if is_router else (None, None))
     assert encode(graph, app) == rendered["args"]
+
+
+def test_the_builder_refuses_a_graph_deeper_than_serve_can_build() -> None:
+    # A hand-written Serve config obeys the validator's depth limit too (dag/rules.py).
+    def chain(length: int) -> dict[str, Any]:
+        nodes = [dep("n0")] + [{"id": f"n{i}", "sequence": {"steps": [f"n{i - 1}"]}} for i in range(1, length)]
+        return {"ingress": f"n{length - 1}", "nodes": nodes}
+
+    assert len(decode(chain(MAX_DEPTH)).nodes) == MAX_DEPTH
+    (problem,) = problems(chain(MAX_DEPTH + 1))
+    assert problem.startswith(f'node "n{MAX_DEPTH}": the graph is {MAX_DEPTH + 1} nodes deep')

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 from builders import chain_app, deployment, graph, ref
 
+from servegraph.dag.rules import MAX_DEPTH
 from servegraph.graph import GraphError, parse_graph
 from servegraph.graph.decode import encode
 from servegraph.graph.validate import to_model
@@ -250,3 +251,18 @@ def test_a_router_takes_no_user_config() -> None:
     assert [str(p) for p in raised.value.problems] == [
         'application "app", node "seq", field user_config: only deployment nodes take a user_config; a router has none'
     ]
+
+
+def test_a_graph_deeper_than_serve_can_build_is_refused_naming_its_longest_chain() -> None:
+    # Ray Serve builds an application by recursion over what is bound into what; a chain
+    # of 1,000 raised RecursionError inside Serve. The limit is checked here, before anything is applied.
+    deepest = to_model(graph(chain_app(length=MAX_DEPTH)))
+    assert len(deepest.applications[0].nodes) == MAX_DEPTH
+    with pytest.raises(GraphError) as raised:
+        parse_graph(encode(graph(chain_app(length=MAX_DEPTH + 1))))
+    (problem,) = raised.value.problems
+    assert problem.path == 'application "app", node "n0"'
+    assert f"{MAX_DEPTH + 1} nodes deep" in problem.message
+    assert '"n0" → "n1" → "n2" → … → ' in problem.message
+    assert f'"n{MAX_DEPTH}"' in problem.message
+    assert f"limit of {MAX_DEPTH}" in problem.message

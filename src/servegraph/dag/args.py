@@ -27,7 +27,7 @@ from servegraph.dag.nodeargs import (
     decode_node,
     encode_node,
 )
-from servegraph.dag.rules import refs
+from servegraph.dag.rules import depth_problem, refs
 
 __all__ = [
     "BUILDER",
@@ -177,6 +177,9 @@ def decode(args: Mapping[str, Any]) -> AppArgs:
         # other node would fail later with a less helpful message.
         for node_id in sorted(defined - _reachable(nodes, ingress)):
             p.add(f'node "{node_id}": not reachable from the ingress "{ingress}"; Serve would not deploy it')
+        too_deep = depth_problem({n.id: n.kind for n in nodes}, [n.id for n in nodes], ingress)
+        if too_deep is not None:
+            p.add(f'node "{ingress}": {too_deep}')
     telemetry = _decode_telemetry(p, args.get("telemetry", {}))
     if p.problems:
         raise BuildError(p.problems)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 
 from servegraph.dag.model import (
     DEFAULT_CALL,
@@ -83,6 +84,39 @@ def refs(kind: NodeKind) -> list[tuple[str, str]]:
             return [*out, ("switch.default", kind.default)]
         case SplitterKind():
             return [(f"splitter.routes[{i}].node", n) for i, (n, _) in enumerate(kind.routes)]
+
+
+MAX_DEPTH = 64
+"""Nodes in the longest chain of nodes bound into nodes, the ingress included. Serve builds
+an application by recursing through what is bound into what and fails past a few hundred
+levels (measured on Ray 2.60: 500 built, 1,000 raised RecursionError); every level is also a
+hop on each request. Far deeper than any real graph, and refused with a clear message rather
+than a Serve traceback."""
+
+
+def depth_problem(kinds: Mapping[str, NodeKind], order: Sequence[str], ingress: str) -> str | None:
+    """Why the graph is too deep, naming its longest chain; None when it is not.
+
+    `order` lists dependencies first, so one pass finds every node's longest chain."""
+    below: dict[str, str | None] = {}
+    depth: dict[str, int] = {}
+    for node_id in order:
+        children = [ref for _, ref in refs(kinds[node_id]) if ref in depth]
+        deepest = max(children, key=depth.__getitem__, default=None)
+        below[node_id] = deepest
+        depth[node_id] = 1 + (depth[deepest] if deepest is not None else 0)
+    if depth.get(ingress, 0) <= MAX_DEPTH:
+        return None
+    chain: list[str] = []
+    at: str | None = ingress
+    while at is not None:
+        chain.append(at)
+        at = below[at]
+    shown = " → ".join(f'"{n}"' for n in chain[:3]) + " → … → " + " → ".join(f'"{n}"' for n in chain[-2:])
+    return (
+        f"the graph is {len(chain)} nodes deep ({shown}), over the limit of {MAX_DEPTH}: "
+        "Ray Serve binds it level by level and each level is a hop on every request"
+    )
 
 
 def _deployment(kind: DeploymentKind, found: list[Finding]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servegraph.dag import model, streams
-from servegraph.dag.rules import NODE_ID
+from servegraph.dag.rules import NODE_ID, depth_problem
 from servegraph.gcpause import gc_paused
 from servegraph.graph import hints as placement
 from servegraph.graph.errors import GraphError, Problem, where
@@ -225,6 +225,9 @@ def _application(msg: graph_pb2.Application, problems: list[Problem], budget: Bu
     if len(problems) > before or order is None:
         return None
     kinds = {node_id: node.kind for node_id, node in nodes.items()}
+    if (too_deep := depth_problem(kinds, order, msg.ingress)) is not None:
+        add(Problem(where(app=app, node=msg.ingress), too_deep))
+        return None
     for node_id, field, message in streams.problems(kinds, order, msg.ingress):
         add(Problem(where(app=app, node=node_id, field=field), message))
     if len(problems) > before:
