@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
+import pytest
 from google.protobuf import text_format
 from reconcile_support import KEY, NAME, NS, Cluster
 from support import SAMPLES
 
+from servegraph.names import ConditionType
 from servegraph.operator.reconcile import Reconciler
-from servegraph.operator.rollout.decide import STABLE_S
+from servegraph.operator.rollout import step
+from servegraph.operator.rollout.decide import STABLE_S, Decision, decide
 from servegraph.operator.rollout.store import load, store_name
 from servegraph.operator.run.metrics import Metrics
 from servegraph.operator.run.queue import WorkQueue
+from servegraph.operator.status.conditions import Condition
+from servegraph.operator.status.report import Event, Outcome
 from servegraph.v1 import graph_pb2
 
 
@@ -174,3 +180,34 @@ async def test_a_rollout_in_progress_is_looked_at_again_at_its_deadline() -> Non
     await ready(c)
     c.watch_servegraph()
     assert await c.reconcile() is None, "a finished rollout needs no timer"
+
+
+async def test_keeping_the_graph_marks_a_new_decision_and_leaves_decides_own_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rollout step returns what it found (issue 24): the history entries `decide` made
+    are not edited when the store marks what it kept."""
+    decided: list[Decision] = []
+
+    def recording(*args: Any) -> Decision:
+        decided.append(decide(*args))
+        return decided[-1]
+
+    monkeypatch.setattr(step, "decide", recording)
+    c = Cluster()
+    await c.started()
+    first = next(d for d in decided if d.history)
+    assert all("rollbackAvailable" not in entry for entry in first.history)
+    assert c.body["status"]["history"][0]["rollbackAvailable"] is True
+
+
+def test_outcomes_chain_later_conditions_over_earlier_ones_and_keep_every_event() -> None:
+    said = Condition(ConditionType.APPLIED, True, "UpToDate", "ok")
+    failed = Condition(ConditionType.APPLIED, False, "ReadFailed", "no")
+    fetched = Condition(ConditionType.FETCHED, True, "Downloaded", "d")
+    first = Outcome(fetched=fetched, applied=said, events=(Event("Normal", "Fetched", "f"),))
+    chained = first.then(Outcome(applied=failed, events=(Event("Normal", "Applied", "a"),), retry=True))
+    assert (chained.fetched, chained.applied, chained.retry) == (fetched, failed, True)
+    assert [e.reason for e in chained.events] == ["Fetched", "Applied"]
+    assert first.then(Outcome()).applied == said and not first.then(Outcome()).retry
+    assert first.applied == said and len(first.events) == 1  # neither step's own is changed

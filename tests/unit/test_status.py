@@ -96,7 +96,7 @@ ROWS = [
         "first download and apply",
         {},
         Observed(
-            Outcome(FETCHED, VALID, APPLIED, [Event("Normal", "Fetched", "f"), Event("Normal", "Applied", "a")]),
+            Outcome(FETCHED, VALID, APPLIED, (Event("Normal", "Fetched", "f"), Event("Normal", "Applied", "a"))),
             GOOD,
             '"e1"',
             "mini",
@@ -122,7 +122,7 @@ ROWS = [
     Row(
         "a Normal event without a status change is still posted",
         steady(),
-        Observed(Outcome(applied=APPLIED, events=[Event("Normal", "Applied", "updated")]), GOOD, '"e1"', "mini", {}),
+        Observed(Outcome(applied=APPLIED, events=(Event("Normal", "Applied", "updated"),)), GOOD, '"e1"', "mini", {}),
         set(),
         [],
         [("Normal", "Applied")],

@@ -28,7 +28,7 @@ from typing import Any
 from servegraph.kube import KubeError
 from servegraph.names import GRAPH_LABEL, GROUP, KIND, REFRESH_ANNOTATION, ConditionType, Key
 from servegraph.operator.apply import rendering
-from servegraph.operator.apply.drift import Desired, Live, live_of, stranger
+from servegraph.operator.apply.drift import Live, live_of, stranger
 from servegraph.operator.apply.writer import RayServiceWriter
 from servegraph.operator.cache import Memory, WatchCache
 from servegraph.operator.fetch.download import Downloader, needs_fetch
@@ -171,7 +171,7 @@ class Reconciler:
             result = "retry"
             raise
         except Exception as exc:  # escaped every step: the status could not be written
-            self._unexpected(key, "status", exc, None)
+            self._unexpected(key, "status", exc)
             if self._current(key, body):
                 warning = Event("Warning", "InternalError", _internal(exc, "status"))
                 await self._event(body, warning, conditions.now_rfc3339())
@@ -190,14 +190,13 @@ class Reconciler:
     async def _reconcile(self, key: Key, body: dict[str, Any]) -> float | None:
         namespace, _ = key
         memory = self.cache.memory(key)
-        out = Outcome()
         try:
             spec = parse_spec(body.get("spec") or {}, namespace, self.serve_service_types)
         except Exception as exc:
             if isinstance(exc, SpecError):
-                out.fetched = Condition(ConditionType.FETCHED, False, "InvalidSpec", str(exc))
+                out = Outcome(fetched=Condition(ConditionType.FETCHED, False, "InvalidSpec", str(exc)))
             else:
-                self._unexpected(key, "spec", exc, out)
+                out = self._unexpected(key, "spec", exc)
             await self._write_status(
                 key, body, memory, Observed(out, None, None, None, None, still_current=frozenset())
             )
@@ -208,13 +207,14 @@ class Reconciler:
             await self._suspended(key, body, spec, memory)
             return None  # no poll while suspended
 
+        out = Outcome()
         refresh = (body["metadata"].get("annotations") or {}).get(REFRESH_ANNOTATION)
         if needs_fetch(memory, spec.source, refresh, self.clock()):
             if self.slots.acquire(key):
                 try:
-                    await self.downloader.run(key, memory, spec.source, refresh, out)
+                    out = await self.downloader.run(key, memory, spec.source, refresh)
                 except Exception as exc:  # outside the download's own handling (its bookkeeping)
-                    self._unexpected(key, "download", exc, out)
+                    out = self._unexpected(key, "download", exc)
                 finally:
                     self.slots.release(key)
             # else: parked; the namespace's next freed slot queues it again
@@ -222,58 +222,16 @@ class Reconciler:
                 return None  # deleted or replaced while downloading: write nothing for it
 
         live: Live | None = None
-        desired: Desired | None = None
         rs_name = clash = None
         decision: Decision | None = None
         target: GoodGraph | None = None
         if memory.good is not None or (body.get("status") or {}).get("rollout"):
             rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
-            step = "ownership"
-            try:
-                live, clash = await self.writer.owned_live(key, body, rs_name, out)
-                deleting = live is not None and live.deleting  # after a suspend: created again once gone
-                if deleting:
-                    live = None
-                    out.applied = Condition(
-                        ConditionType.APPLIED, None, "WaitingForDeletion", f"RayService {rs_name} is deleting"
-                    )
-                if clash is None and not out.retry:
-                    step = "rollout"
-                    target, decision = await self.rollouts.plan(
-                        body,
-                        memory,
-                        spec.rollout,
-                        spec.source.url,
-                        live,
-                        out,
-                        may_write=lambda: self._current(key, body),
-                    )
-                if target is not None and not out.retry and not deleting:
-                    step = "render"
-                    restart = restarts.decide(
-                        body["metadata"].get("annotations") or {},
-                        spec.ray_service.get("upgradeStrategy"),
-                        live.cluster if live is not None else None,
-                    )
-                    desired = await rendering.desired(memory, target, spec, body, live, out, restart.value)
-                if desired is not None:
-                    if live is not None and live.raw is not None:  # seen before anything was desired
-                        live = live_of(live.raw, desired)
-                        self.cache.put_rayservice((namespace, rs_name), live)
-                    step = "apply"
-                    live, clash, upgrade = await self.writer.apply(
-                        key, body["metadata"]["uid"], desired, live, out, lambda: self._current(key, body)
-                    )
-                    if decision is not None and upgrade is not None:
-                        decision = with_upgrade(decision, upgrade)
-                    if restart.refused is not None and out.applied is not None and out.applied.status:
-                        out.applied = restart.refused
-            except Exception as exc:
-                self._unexpected(key, step, exc, out)
+            live, clash, decision, target, applying = await self._apply(key, body, spec, memory, rs_name, out.retry)
+            out = out.then(applying)
         if memory.good is None and target is None and out.applied is None:
-            out.applied = Condition(
-                ConditionType.APPLIED, False, "NoValidGraph", "no valid graph has been downloaded yet"
-            )
+            no_graph = Condition(ConditionType.APPLIED, False, "NoValidGraph", "no valid graph has been downloaded yet")
+            out = out.then(Outcome(applied=no_graph))
         for cond in (out.fetched, out.valid, out.applied, out.progressing):
             if cond is not None:
                 memory.computed_for[cond.type] = spec.source
@@ -299,24 +257,83 @@ class Reconciler:
         known = [d for d in delays if d is not None]
         return min(known) if known else None
 
+    async def _apply(
+        self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory, rs_name: str, retrying: bool
+    ) -> tuple[Live | None, str | None, Decision | None, GoodGraph | None, Outcome]:
+        """Ownership → rollout → render → apply, each step's Outcome chained, stopping at the
+        first that asks to retry: (the live RayService, why it is not ours, the rollout
+        decision, the graph it runs, what the steps found)."""
+        namespace = key[0]
+        decision: Decision | None = None
+        target: GoodGraph | None = None
+        step = "ownership"
+        out = Outcome(retry=retrying)
+        live: Live | None = None
+        clash: str | None = None
+        try:
+            live, clash, found = await self.writer.owned_live(key, body, rs_name)
+            out = out.then(found)
+            deleting = live is not None and live.deleting  # after a suspend: created again once gone
+            if deleting:
+                live = None
+                waiting = f"RayService {rs_name} is deleting"
+                out = out.then(Outcome(applied=Condition(ConditionType.APPLIED, None, "WaitingForDeletion", waiting)))
+            if clash is not None or out.retry:
+                return live, clash, decision, target, out
+            step = "rollout"
+            may_write = lambda: self._current(key, body)  # noqa: E731
+            target, decision, found = await self.rollouts.plan(
+                body, memory, spec.rollout, spec.source.url, live, may_write
+            )
+            out = out.then(found)
+            memory.target = target
+            stored = {h["digest"] for h in decision.history if h.get("rollbackAvailable")}
+            if memory.good is not None and memory.good.digest in stored:
+                memory.good_bytes = None  # in the store now: one copy per ServeGraph in memory is too many
+            if target is None or out.retry or deleting:
+                return live, clash, decision, target, out
+            step = "render"
+            restart = restarts.decide(
+                body["metadata"].get("annotations") or {},
+                spec.ray_service.get("upgradeStrategy"),
+                live.cluster if live is not None else None,
+            )
+            desired = await rendering.desired(memory, target, spec, body, live, restart.value)
+            if isinstance(desired, Outcome):
+                return live, clash, decision, target, out.then(desired)
+            if live is not None and live.raw is not None:  # seen before anything was desired
+                live = live_of(live.raw, desired)
+                self.cache.put_rayservice((namespace, rs_name), live)
+            step = "apply"
+            applied = await self.writer.apply(key, body["metadata"]["uid"], desired, live, may_write)
+            live, clash, out = applied.live, applied.clash, out.then(applied.found)
+            if decision is not None and applied.upgrade is not None:
+                decision = with_upgrade(decision, applied.upgrade)
+            if restart.refused is not None and out.applied is not None and out.applied.status:
+                out = out.then(Outcome(applied=restart.refused))
+        except Exception as exc:
+            out = out.then(self._unexpected(key, step, exc))
+        return live, clash, decision, target, out
+
     async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
         """spec.suspend (operator/rollout/suspension.py): delete the RayService, keep the rest, download nothing."""
-        out = Outcome()
         suspension.hold_polls(memory.fetch, spec.source, self.clock())
         memory.desired = None  # rendered again from the kept graph on resume
         rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
         live = clash = None
         deleted = False
+        out = Outcome()
         try:
-            live, clash = await self.writer.owned_live(key, body, rs_name, out)
+            live, clash, out = await self.writer.owned_live(key, body, rs_name)
             if clash is None and not out.retry and self._current(key, body):
-                deleted = await suspension.remove(self.api, self.cache, key, rs_name, body, live, out)
+                deleted, out = await suspension.remove(self.api, self.cache, key, rs_name, body, live)
                 self.metrics.writes.labels("rayservice").inc(deleted)
         except Exception as exc:
-            self._unexpected(key, "apply", exc, out)
+            out = out.then(self._unexpected(key, "apply", exc))
         still = frozenset(t for t, src in memory.computed_for.items() if src == spec.source)
         now = self.rollouts.clock()
         observed = suspension.report(out, body.get("status") or {}, rs_name, live, deleted, clash, still, now)
+        out = observed.outcome
         memory.computed_for.update({c.type: spec.source for c in (out.applied, out.progressing) if c is not None})
         await self._write_status(key, body, memory, observed)
         if out.retry:
@@ -347,17 +364,16 @@ class Reconciler:
             if self._current(key, body):
                 await self._event(body, event, now)
 
-    def _unexpected(self, key: Key, step: str, exc: Exception, out: Outcome | None) -> None:
+    def _unexpected(self, key: Key, step: str, exc: Exception) -> Outcome:
         """A step failed in a way nobody foresaw: log it whole for the administrator, count it,
         and say in the step's condition which exception it was (its text could carry a secret)."""
         log.error("[%s/%s] unexpected %s while %s", *key, type(exc).__name__, STEPS[step][1], exc_info=exc)
         self.metrics.internal_error(step, exc)
         kind = STEPS[step][0]
-        if out is None or kind is None:
-            return
+        if kind is None:
+            return Outcome(retry=True)
         cond = Condition(kind, False, "InternalError", _internal(exc, step))
-        out.fetched, out.applied = (cond, out.applied) if cond.type == ConditionType.FETCHED else (out.fetched, cond)
-        out.retry = True
+        return Outcome(fetched=cond, retry=True) if kind == ConditionType.FETCHED else Outcome(applied=cond, retry=True)
 
     async def _event(self, body: dict[str, Any], event: Event, now: str) -> None:
         try:

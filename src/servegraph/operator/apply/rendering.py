@@ -47,11 +47,10 @@ async def desired(
     spec: ServeGraphSpec,
     body: Mapping[str, Any],
     live: Live | None,
-    out: Outcome,
     restart: str | None = None,
-) -> Desired | None:
+) -> Desired | Outcome:
     """The RayService to apply for `good`, from memory while nothing it is rendered from changed;
-    None (with `out.applied` saying why) when the graph does not fit the pods the spec asks for."""
+    or an Outcome saying why not when the graph does not fit the pods the spec asks for."""
     meta = body["metadata"]
     previous = live.cluster if live is not None else None
     groups = tuple(g.get("groupName") for g in (previous or {}).get("workerGroupSpecs") or ())
@@ -71,11 +70,10 @@ async def desired(
         except GraphError as exc:
             # The graph is valid, but not in the pods this spec asks for (a replica bigger
             # than the overridden worker): the spec must change, so no retry; what runs stays.
-            out.applied = Condition(ConditionType.APPLIED, False, "PodsTooSmall", str(exc))
-            return None
+            return Outcome(applied=Condition(ConditionType.APPLIED, False, "PodsTooSmall", str(exc)))
         match_key = (manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
-        memory.desired = Desired(manifest, render_key, match_key, size)
-    return memory.desired
+        memory.desired = kept = Desired(manifest, render_key, match_key, size)
+    return kept
 
 
 def same_render(kept: Desired, render_key: tuple[Any, ...]) -> bool:

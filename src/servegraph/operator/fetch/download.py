@@ -69,7 +69,8 @@ class Downloader:
         self.clock = clock
         """Monotonic seconds for polls and retries (a test moves its own)."""
 
-    async def run(self, key: Key, memory: Memory, source: Source, refresh: str | None, out: Outcome) -> None:
+    async def run(self, key: Key, memory: Memory, source: Source, refresh: str | None) -> Outcome:
+        """Download and parse; what it found for the Fetched and GraphValid conditions."""
         state = memory.fetch
         now = self.clock()
         etag = state.etag if state.source == source and memory.good is not None else None
@@ -79,52 +80,58 @@ class Downloader:
         try:
             got = await self._download(source, etag)
         except Exception as exc:
-            out.fetched = _failure(key, exc)
-            if out.fetched.reason == "InternalError":
+            failed = _failure(key, exc)
+            if failed.reason == "InternalError":
                 self.unexpected(exc)
             # Retried on the queue's backoff; events arriving before its earliest retry do
             # not fetch. Counted from the failure (a download with retries outlasts that),
             # and never past the retry: a retry that skipped the fetch would be the last.
             state.retry_at = self.clock() + self.min_retry_delay_s
-            out.retry = True
-            return
+            return Outcome(fetched=failed, retry=True)
         state.retry_at = 0.0
         if got.not_modified:
-            out.fetched = Condition(
-                ConditionType.FETCHED, True, "NotModified", f"{got.url} has not changed (ETag {got.etag})"
+            return Outcome(
+                fetched=Condition(
+                    ConditionType.FETCHED, True, "NotModified", f"{got.url} has not changed (ETag {got.etag})"
+                )
             )
-            return
         if source.sha256 and got.digest != source.sha256:
             # Neither the digest nor the size of what answered: with both, the status would
             # let a tenant brute-force a small secret an internal endpoint returns.
-            out.fetched = Condition(
-                ConditionType.FETCHED,
-                False,
-                "DigestMismatch",
-                f"{got.url} served content that does not match the pinned sha256 {source.sha256}",
-            )
             state.etag = None
-            return
-        out.fetched = Condition(ConditionType.FETCHED, True, "Downloaded", f"downloaded from {got.url}")
+            return Outcome(
+                fetched=Condition(
+                    ConditionType.FETCHED,
+                    False,
+                    "DigestMismatch",
+                    f"{got.url} served content that does not match the pinned sha256 {source.sha256}",
+                )
+            )
         try:
             graph = self.cache.graph(got.digest) or await self.parser(got.body, self._max_bytes(source))
         except GraphError as exc:  # not a graph: its size stays unsaid, as its digest
-            out.valid = Condition(ConditionType.GRAPH_VALID, False, "InvalidGraph", _problems(exc))
             state.etag = None  # revalidate the next download in full
-            return
+            return Outcome(
+                fetched=Condition(ConditionType.FETCHED, True, "Downloaded", f"downloaded from {got.url}"),
+                valid=Condition(ConditionType.GRAPH_VALID, False, "InvalidGraph", _problems(exc)),
+            )
+        events: tuple[Event, ...] = ()
         if memory.good is None or got.digest != memory.good.digest:
-            out.events.append(
-                Event("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}")
+            events = (
+                Event("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}"),
             )
         self.cache.share_graph(got.digest, graph)
         memory.good, state.etag = GoodGraph(graph, got.digest), got.etag
         memory.good_bytes = got.body if len(got.body) <= store.BUDGET else None  # kept for rollback
-        out.fetched = Condition(
-            ConditionType.FETCHED, True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}"
-        )
         summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
-        out.valid = Condition(
-            ConditionType.GRAPH_VALID, True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}"
+        return Outcome(
+            fetched=Condition(
+                ConditionType.FETCHED, True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}"
+            ),
+            valid=Condition(
+                ConditionType.GRAPH_VALID, True, "Valid", f"graph {graph.name} version {graph.version!r}: {summary}"
+            ),
+            events=events,
         )
 
     def _max_bytes(self, source: Source) -> int:

@@ -69,18 +69,18 @@ class Rollouts:
         rollout_spec: RolloutSpec,
         source_url: str,
         live: Live | None,
-        out: Outcome,
         may_write: Callable[[], bool] = lambda: True,
-    ) -> tuple[GoodGraph | None, Decision]:
-        """(the graph to render and apply, the decision to report). `may_write` is asked
-        before the store is written (the ServeGraph may have gone meanwhile)."""
+    ) -> tuple[GoodGraph | None, Decision, Outcome]:
+        """(the graph to render and apply, the decision to report, what the step found).
+        `may_write` is asked before the store is written (the ServeGraph may have gone meanwhile).
+        Reads `memory`, never writes it: what the reconcile remembers is its to record."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         status = suspension.resume(body.get("status") or {}, self.clock())  # a rollout's clock runs again
         candidate = None
         if memory.good is not None:
             candidate = Candidate(memory.good.digest, memory.good.graph.version, source_url)
-        current = await self._graph(memory, ns, name, (status.get("rollout") or {}).get("digest"), out)
+        current, found = await self._graph(memory, ns, name, (status.get("rollout") or {}).get("digest"))
         health = None
         if live is not None:
             expected = tuple(a.name for a in current.graph.applications) if current is not None else ()
@@ -89,47 +89,48 @@ class Rollouts:
         history = status.get("history") or []
         kept = [h["digest"] for h in history if h.get("rollbackAvailable")]
         decision = decide(rollout_spec, candidate, status, kept, health, self.clock())
-        for type_, reason, message in decision.events:
-            out.events.append(Event(type_, reason, message))
-        if decision.progressing is not None:
-            out.progressing = decision.progressing
+        found = found.then(Outcome(events=tuple(Event(*e) for e in decision.events), progressing=decision.progressing))
         if decision.outcome is not None:
             log.info("[%s/%s] rollout of %s: %s", ns, name, (decision.rollout or {}).get("version"), decision.outcome)
         self._count(ns, name, decision, current, memory)
         started = decision.history and "rollbackAvailable" not in decision.history[0]
         if started:
-            await self._keep(body, memory, decision, out, may_write)
-        target = await self._graph(memory, ns, name, decision.target, out)
-        if decision.target is not None and target is None and not out.retry:
-            out.applied = Condition(
-                ConditionType.APPLIED,
-                False,
-                "GraphUnavailable",
-                f"the graph {decision.target[:12]} to run is neither downloaded nor kept; "
-                "the RayService stays as it is",
+            decision, keeping = await self._keep(body, memory, decision, may_write)
+            found = found.then(keeping)
+        target, loading = await self._graph(memory, ns, name, decision.target)
+        found = found.then(loading)
+        if decision.target is not None and target is None and not found.retry:
+            found = found.then(
+                Outcome(
+                    applied=Condition(
+                        ConditionType.APPLIED,
+                        False,
+                        "GraphUnavailable",
+                        f"the graph {decision.target[:12]} to run is neither downloaded nor kept; "
+                        "the RayService stays as it is",
+                    )
+                )
             )
-        memory.target = target
-        return target, decision
+        return target, decision, found
 
-    async def _graph(self, memory: Memory, ns: str, name: str, digest: str | None, out: Outcome) -> GoodGraph | None:
+    async def _graph(self, memory: Memory, ns: str, name: str, digest: str | None) -> tuple[GoodGraph | None, Outcome]:
         if digest is None:
-            return None
+            return None, Outcome()
         for known in (memory.good, memory.target):
             if known is not None and known.digest == digest:
-                return known
+                return known, Outcome()
         try:
             kept = await store.load(self.api, ns, name)
         except KubeError as exc:
-            out.applied = Condition(ConditionType.APPLIED, False, "ReadFailed", f"cannot read the kept graphs: {exc}")
-            out.retry = True
-            return None
+            failed = Condition(ConditionType.APPLIED, False, "ReadFailed", f"cannot read the kept graphs: {exc}")
+            return None, Outcome(applied=failed, retry=True)
         data = kept.get(digest)
         if data is None:
-            return None
+            return None, Outcome()
         try:
-            return GoodGraph(await self.parser(data, store.BUDGET), digest)
+            return GoodGraph(await self.parser(data, store.BUDGET), digest), Outcome()
         except GraphError:  # kept before a stricter validator: not runnable any more
-            return None
+            return None, Outcome()
 
     def _count(self, ns: str, name: str, decision: Decision, current: GoodGraph | None, memory: Memory) -> None:
         """The rollout's outcome in servegraph_graph_rollouts_total, labelled with the graph's name."""
@@ -143,15 +144,17 @@ class Rollouts:
             self.metrics.rollout_started((ns, name), graph_name)
 
     async def _keep(
-        self, body: Mapping[str, Any], memory: Memory, decision: Decision, out: Outcome, may_write: Callable[[], bool]
-    ) -> None:
-        """Store the new version's graph (and keep the others of the history); mark what is kept."""
+        self, body: Mapping[str, Any], memory: Memory, decision: Decision, may_write: Callable[[], bool]
+    ) -> tuple[Decision, Outcome]:
+        """Store the new version's graph (and keep the others of the history): the decision
+        with each history entry marked kept or not, and a Warning when the store failed."""
         meta = body["metadata"]
         new = {}
         if memory.good is not None and memory.good_bytes is not None:
             new[memory.good.digest] = memory.good_bytes
         ready = [h["digest"] for h in decision.history if h.get("readyAt")]
         order = [*ready[:1], *kept_digests(decision.history)]
+        found = Outcome()
         try:
             kept = await store.keep(
                 self.api, meta["namespace"], meta["name"], owner_reference(body), order, new, may_write
@@ -159,11 +162,9 @@ class Rollouts:
         except KubeError as exc:
             log.warning("[%s/%s] cannot keep graphs for rollback: %s", meta["namespace"], meta["name"], exc)
             kept = []
-            out.events.append(Event("Warning", "KeepFailed", f"cannot keep graphs for rollback: {exc}"))
-        for entry in decision.history:
-            entry["rollbackAvailable"] = entry["digest"] in kept
-        if memory.good is not None and memory.good.digest in kept:
-            memory.good_bytes = None  # in the store now: one copy per ServeGraph in memory is too many
+            found = Outcome(events=(Event("Warning", "KeepFailed", f"cannot keep graphs for rollback: {exc}"),))
+        history = [{**entry, "rollbackAvailable": entry["digest"] in kept} for entry in decision.history]
+        return replace(decision, history=history), found
 
 
 def with_upgrade(decision: Decision, kind: str) -> Decision:

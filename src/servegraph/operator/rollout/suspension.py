@@ -72,31 +72,29 @@ def resume(status: Mapping[str, Any], now: float) -> Mapping[str, Any]:
 
 
 async def remove(
-    api: ApiServer, cache: WatchCache, key: Key, name: str, body: Mapping[str, Any], live: Live | None, out: Outcome
-) -> bool:
-    """Delete the ServeGraph's RayService unless it is gone or going; whether a delete was sent.
-    A failure is said in Applied and retried."""
+    api: ApiServer, cache: WatchCache, key: Key, name: str, body: Mapping[str, Any], live: Live | None
+) -> tuple[bool, Outcome]:
+    """Delete the ServeGraph's RayService unless it is gone or going: whether a delete was sent,
+    and a failure said in Applied, to be retried."""
     if live is None or live.deleting:
-        return False
+        return False, Outcome()
     for attempt in range(DELETE_ATTEMPTS):
         try:
             deleted = await delete_owned(api, key[0], name, body["metadata"]["uid"])
         except NotOurs as exc:
-            out.applied = Condition(ConditionType.APPLIED, False, "Conflict", exc.reason)
+            failed = Condition(ConditionType.APPLIED, False, "Conflict", exc.reason)
         except KubeError as exc:
             if exc.status == 409 and attempt + 1 < DELETE_ATTEMPTS:
                 continue  # changed since it was read (KubeRay's status): read it again, decide again
-            out.applied = Condition(
-                ConditionType.APPLIED, False, "Conflict" if exc.status == 409 else "DeleteFailed", str(exc)
-            )
+            reason = "Conflict" if exc.status == 409 else "DeleteFailed"
+            failed = Condition(ConditionType.APPLIED, False, reason, str(exc))
         else:
             if deleted:
                 cache.put_rayservice((key[0], name), replace(live, deleting=True))  # the watch will say so too
                 log.info("[%s/%s] suspended: deleted RayService %s", *key, name)
-            return deleted
+            return deleted, Outcome()
         break
-    out.retry = True
-    return False
+    return False, Outcome(applied=failed, retry=True)
 
 
 def report(
@@ -119,15 +117,12 @@ def report(
             what = f"RayService {rs_name} is being deleted: KubeRay removes its Ray cluster"
         else:
             what = f"RayService {rs_name} is deleted: no Ray cluster runs"
-        out.applied = Condition(ConditionType.APPLIED, True, SUSPENDED, what)
+        out = out.then(Outcome(applied=Condition(ConditionType.APPLIED, True, SUSPENDED, what)))
     if deleted:
-        out.events.append(Event("Normal", SUSPENDED, f"deleted RayService {rs_name} (spec.suspend); {kept} on resume"))
-    out.progressing = Condition(
-        ConditionType.PROGRESSING,
-        False,
-        SUSPENDED,
-        "suspended: downloads, rollouts and their deadlines wait for spec.suspend: false",
-    )
+        said = f"deleted RayService {rs_name} (spec.suspend); {kept} on resume"
+        out = out.then(Outcome(events=(Event("Normal", SUSPENDED, said),)))
+    waiting = "suspended: downloads, rollouts and their deadlines wait for spec.suspend: false"
+    out = out.then(Outcome(progressing=Condition(ConditionType.PROGRESSING, False, SUSPENDED, waiting)))
     ready = Condition(ConditionType.READY, False, SUSPENDED, f"spec.suspend is true: {kept} when it is false")
     return Observed(
         outcome=out,

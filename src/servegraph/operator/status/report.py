@@ -1,7 +1,7 @@
 """What a reconcile observed → the ServeGraph's status, its conditions and its Events (pure).
 
-The reconcile gathers an `Outcome` (what fetching, validating and applying
-said) and `report` turns it, with the status already written, into the new
+The reconcile chains the `Outcome` each step returns (what fetching, validating,
+the rollout and applying said) and `report` turns it, with the status already written, into the new
 status, the merge patch that writes it, and the Events to post. Pure so that
 every rule below (one Normal event per reconcile, Warnings only on transitions,
 Ready only when every application is RUNNING) is tested by table, without a
@@ -15,7 +15,7 @@ be RUNNING, which is what a user of the graph means by ready.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from servegraph.dag.model import Graph
@@ -46,19 +46,36 @@ class Event:
     message: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    """What one reconcile learned, before it becomes status and events.
+    """What a reconcile step found, before it becomes status and events.
 
-    A condition left None keeps its previous value (that step did not run).
+    Each step (download, ownership, rollout, render, apply, suspension) returns its
+    own; the reconcile chains them with `then` and stops when one says `retry`. A
+    condition left None keeps its previous value (that step did not run or did not say).
     """
 
     fetched: Condition | None = None
     valid: Condition | None = None
     applied: Condition | None = None
-    events: list[Event] = field(default_factory=list)
+    events: tuple[Event, ...] = ()
     retry: bool = False
     progressing: Condition | None = None
+
+    def then(self, later: Outcome) -> Outcome:
+        """Both steps' findings: the later step's conditions win, events add up, either may ask to retry."""
+        return Outcome(
+            _latest(self.fetched, later.fetched),
+            _latest(self.valid, later.valid),
+            _latest(self.applied, later.applied),
+            self.events + later.events,
+            self.retry or later.retry,
+            _latest(self.progressing, later.progressing),
+        )
+
+
+def _latest(earlier: Condition | None, later: Condition | None) -> Condition | None:
+    return earlier if later is None else later
 
 
 @dataclass(frozen=True)
