@@ -476,7 +476,7 @@ async def test_the_crd_keeps_a_stuck_rollouts_status_whole(
     }
     pending = mirror_pending({"status": kuberay_status})
     assert pending is not None and len(pending["applications"]["sentiment"]["message"]) == 1024
-    good = GoodGraph(load_graph(SAMPLES / "mini.pb"), hashlib.sha256(sample_bytes("mini")).hexdigest())
+    good = GoodGraph.of(load_graph(SAMPLES / "mini.pb"), hashlib.sha256(sample_bytes("mini")).hexdigest(), b"")
     applied = Condition(ConditionType.APPLIED, True, "UpToDate", "RayService g matches the graph and spec")
     status = report(
         {}, 1, Observed(Outcome(applied=applied), good, None, "g", {}, pending=pending), "2026-01-01T00:00:00Z"

@@ -107,7 +107,7 @@ RAYSERVICE = {
 
 
 def test_mirror_and_ready() -> None:
-    graph = load_graph(SAMPLES / "mini.pb")
+    graph = [a.name for a in load_graph(SAMPLES / "mini.pb").applications]
     apps = mirror_applications(RAYSERVICE)
     assert apps == {
         "sentiment": {
@@ -130,7 +130,7 @@ def test_mirror_and_ready() -> None:
     assert ready_condition(graph, True, {}).reason == "WaitingForApplications"
     assert ready_condition(graph, False, {}).reason == "RayServiceMissing"
     assert ready_condition(None, False, {}).reason == "NoValidGraph"
-    three_apps = load_graph(SAMPLES / "complete.pb")
+    three_apps = [a.name for a in load_graph(SAMPLES / "complete.pb").applications]
     partial = ready_condition(three_apps, True, {"reviews": {"status": "RUNNING"}})
     assert partial.status is False and partial.message == "search: not reported; chat: not reported"
 

@@ -7,9 +7,14 @@ import threading
 from typing import Any
 
 import pytest
-from reconcile_support import KEY, Cluster
+from reconcile_support import KEY, MINI, Cluster
+from support import SAMPLES
 
+from servegraph.dag.model import Graph
+from servegraph.graph import load_graph
+from servegraph.operator import cache
 from servegraph.operator.apply import rendering
+from servegraph.operator.cache import WatchCache
 from servegraph.render import RayServiceOptions, render_rayservice
 
 
@@ -70,3 +75,45 @@ async def test_a_small_graph_renders_on_the_event_loop_and_a_big_one_in_a_thread
     await c.reconcile()
     assert len(renders) == 2 and renders[-1][1] != threading.current_thread().name
     assert c.condition("Applied") == ("True", "UpToDate")
+
+
+async def test_a_servegraph_keeps_its_graph_packed_and_a_later_render_parses_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25: the parsed model (~20 KiB for a tenant's graph) is not kept per ServeGraph;
+    a render after the recent-graphs cache let it go parses the packed bytes, through the parser."""
+    renders = count_renders(monkeypatch)
+    c = Cluster()
+    parses: list[int] = []
+    parser = c.reconciler.rollouts.parser
+
+    async def counted(data: bytes, max_bytes: int) -> Any:
+        parses.append(len(data))
+        return await parser(data, max_bytes)
+
+    c.reconciler.rollouts.parser = counted
+    await c.started()
+    good = c.reconciler.cache.memory(KEY).good
+    assert good is not None and good.data() == MINI and len(good.packed) < len(MINI) + 64
+    assert not any(isinstance(v, Graph) for v in vars(c.reconciler.cache.memory(KEY)).values())
+    first = copy.deepcopy(c.api.rayservices[KEY]["spec"])
+
+    c.reconciler.cache._graphs.clear()  # as if a thousand other graphs were rendered since
+    c.body["metadata"]["generation"] = 2
+    c.watch_servegraph()
+    await c.reconcile()
+    assert parses == [len(MINI)] and len(renders) == 2
+    assert c.api.rayservices[KEY]["spec"] == first  # the same graph, rendered again from its bytes
+    assert c.condition("Applied") == ("True", "UpToDate")
+
+
+def test_recently_parsed_graphs_are_bounded_by_their_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "PARSED_NODES", 5)  # mini has two nodes
+    graphs = WatchCache()
+    mini = load_graph(SAMPLES / "mini.pb")
+    for digest in "abc":
+        graphs.share_graph(digest, mini)
+    assert graphs.graph("a") is None, "the least recently used went first"
+    assert graphs.graph("b") is mini
+    graphs.share_graph("d", mini)
+    assert graphs.graph("c") is None and graphs.graph("b") is mini and graphs.graph("d") is mini

@@ -16,8 +16,8 @@ from servegraph.operator.status.conditions import Condition
 from servegraph.operator.status.report import Event, GoodGraph, Observed, Outcome, mirror_applications, report
 
 GRAPH = load_graph(SAMPLES / "mini.pb")
-GOOD = GoodGraph(GRAPH, "ab" * 32)
-NEWER = GoodGraph(GRAPH, "cd" * 32)
+GOOD = GoodGraph.of(GRAPH, "ab" * 32, b"")
+NEWER = GoodGraph.of(GRAPH, "cd" * 32, b"")
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 FETCHED = Condition(ConditionType.FETCHED, True, "Downloaded", "downloaded 300 bytes from https://r/mini")

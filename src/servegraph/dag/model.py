@@ -18,14 +18,14 @@ JSON: TypeAlias = Any
 """A JSON-compatible value (None, bool, int, float, str, list, dict)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Constant:
     """A constructor argument given as a plain JSON value."""
 
     value: JSON
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeRef:
     """A constructor argument that is another node: a DAG edge (the wire schema's NodeRef)."""
 
@@ -35,7 +35,7 @@ class NodeRef:
 Argument: TypeAlias = Constant | NodeRef
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """How a router calls one child, i.e. one edge: a timeout per attempt, the attempts
     after a failure, and (ensemble members only) whether the ensemble may answer without it.
@@ -70,7 +70,7 @@ class _RouterKind:
         return self.calls[index] if self.calls else DEFAULT_CALL
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeploymentKind:
     import_path: str
     args: tuple[Argument, ...] = ()
@@ -79,20 +79,20 @@ class DeploymentKind:
     """Its `__call__` is a generator: routers call it with `stream=True` (`dag.streams`)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SequenceKind(_RouterKind):
     steps: tuple[str, ...]
     calls: tuple[Call, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EnsembleKind(_RouterKind):
     members: tuple[str, ...]
     combiner: str | None = None
     calls: tuple[Call, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SwitchKind(_RouterKind):
     cases: tuple[tuple[str, str], ...]
     default: str
@@ -101,7 +101,7 @@ class SwitchKind(_RouterKind):
     calls: tuple[Call, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SplitterKind(_RouterKind):
     routes: tuple[tuple[str, int], ...]
     calls: tuple[Call, ...] = ()
@@ -110,7 +110,7 @@ class SplitterKind(_RouterKind):
 NodeKind: TypeAlias = DeploymentKind | SequenceKind | EnsembleKind | SwitchKind | SplitterKind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resources:
     """Per-replica resources; None means Ray Serve's default."""
 
@@ -126,7 +126,7 @@ class Resources:
         return 1.0 if self.num_cpus is None else self.num_cpus
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Autoscaling:
     min_replicas: int
     max_replicas: int
@@ -136,7 +136,7 @@ class Autoscaling:
     downscale_delay_s: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     id: str
     kind: NodeKind
@@ -183,7 +183,7 @@ def _children(kind: NodeKind) -> list[str]:
             return [n for n, _ in routes]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeEnv:
     pip: tuple[str, ...] = ()
     env_vars: tuple[tuple[str, str], ...] = ()
@@ -194,7 +194,7 @@ class RuntimeEnv:
         return bool(self.pip or self.env_vars or self.working_dir or self.py_modules)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Telemetry:
     """What an application's routers record and forward (the trace context always)."""
 
@@ -203,7 +203,7 @@ class Telemetry:
     metrics: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Application:
     name: str
     route_prefix: str
@@ -233,7 +233,7 @@ class Application:
         return tuple(self.nodes[i] for i in self.order)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Toleration:
     key: str = ""
     operator: str = "Equal"
@@ -242,20 +242,20 @@ class Toleration:
     toleration_seconds: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeRequirement:
     key: str
     operator: str
     values: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PreferredNodes:
     weight: int
     match: tuple[NodeRequirement, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Placement:
     """Where a worker group's pods may run, beyond its node selector: Kubernetes'
     tolerations, node affinity and priority class, as the graph's hint sets them."""
@@ -267,7 +267,7 @@ class Placement:
     priority_class_name: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerGroupHint:
     name: str | None = None
     gpu: bool = False
@@ -280,14 +280,14 @@ class WorkerGroupHint:
     placement: Placement = Placement()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClusterHints:
     ray_version: str | None = None
     image: str | None = None
     worker_groups: tuple[WorkerGroupHint, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Graph:
     name: str
     version: str

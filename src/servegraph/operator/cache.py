@@ -15,7 +15,7 @@ claims leaves nothing behind, so the cache does not grow as objects come and go.
 
 from __future__ import annotations
 
-import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,9 @@ from servegraph.names import Key
 from servegraph.operator.apply.drift import Desired, Live
 from servegraph.operator.spec import Source
 from servegraph.operator.status.report import GoodGraph
+
+PARSED_NODES = 50_000
+"""Nodes of parsed graphs kept for the next render (~650 bytes each: ~30 MiB)."""
 
 
 class Unseen:
@@ -85,10 +88,12 @@ class WatchCache:
         before any ServeGraph (handlers.py: kopf's index): then one missing here is absent."""
         # Forgotten after a write found them other than recorded: read again, not taken as absent.
         self._unread: set[Key] = set()
-        # Valid graphs by sha256 of their bytes. The model is immutable, so ServeGraphs that
-        # download the same bytes (one graph in many namespaces) share one model and one
-        # parse; it is freed with the last ServeGraph that holds it.
-        self._graphs: weakref.WeakValueDictionary[str, Graph] = weakref.WeakValueDictionary()
+        # Parsed graphs by sha256 of their bytes, the most recently used first out, up to
+        # PARSED_NODES nodes in all: a ServeGraph keeps its graph packed (GoodGraph), and one
+        # rendered again soon (a publish, then KubeRay's new cluster) is not parsed again.
+        # The model is immutable, so ServeGraphs that download the same bytes share it.
+        self._graphs: OrderedDict[str, Graph] = OrderedDict()
+        self._graph_nodes = 0
 
     # -- ServeGraphs -----------------------------------------------------------------
 
@@ -183,11 +188,20 @@ class WatchCache:
     # -- graphs ---------------------------------------------------------------------------
 
     def graph(self, digest: str) -> Graph | None:
-        """A graph another ServeGraph downloaded with the same bytes, if one still holds it."""
-        return self._graphs.get(digest)
+        """The graph of those bytes, if it was parsed recently."""
+        graph = self._graphs.get(digest)
+        if graph is not None:
+            self._graphs.move_to_end(digest)
+        return graph
 
     def share_graph(self, digest: str, graph: Graph) -> None:
+        if digest not in self._graphs:
+            self._graph_nodes += graph.node_count
         self._graphs[digest] = graph
+        self._graphs.move_to_end(digest)
+        while self._graph_nodes > PARSED_NODES and len(self._graphs) > 1:
+            _, dropped = self._graphs.popitem(last=False)
+            self._graph_nodes -= dropped.node_count
 
 
 def _slim(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from servegraph.dag.model import Graph
 from servegraph.kube import KubeError
 from servegraph.names import GRAPH_LABEL, GROUP, KIND, REFRESH_ANNOTATION, ConditionType, Key
 from servegraph.operator.apply import rendering
@@ -298,7 +299,7 @@ class Reconciler:
                 spec.ray_service.get("upgradeStrategy"),
                 live.cluster if live is not None else None,
             )
-            desired = await rendering.desired(memory, target, spec, body, live, restart.value)
+            desired = await rendering.desired(memory, target, spec, body, live, self._parsed, restart.value)
             if isinstance(desired, Outcome):
                 return live, clash, decision, target, out.then(desired)
             if live is not None and live.raw is not None:  # seen before anything was desired
@@ -314,6 +315,15 @@ class Reconciler:
         except Exception as exc:
             out = out.then(self._unexpected(key, step, exc))
         return live, clash, decision, target, out
+
+    async def _parsed(self, good: GoodGraph) -> Graph:
+        """The graph to render: parsed again from its packed bytes unless parsed recently."""
+        graph = self.cache.graph(good.digest)
+        if graph is None:
+            data = good.data()
+            graph = await self.rollouts.parser(data, len(data))
+            self.cache.share_graph(good.digest, graph)
+        return graph
 
     async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
         """spec.suspend (operator/rollout/suspension.py): delete the RayService, keep the rest, download nothing."""

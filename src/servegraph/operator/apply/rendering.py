@@ -19,7 +19,7 @@ second) in a thread, so that the loop keeps serving the other ServeGraphs meanwh
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +47,7 @@ async def desired(
     spec: ServeGraphSpec,
     body: Mapping[str, Any],
     live: Live | None,
+    parsed: Callable[[GoodGraph], Awaitable[Graph]],
     restart: str | None = None,
 ) -> Desired | Outcome:
     """The RayService to apply for `good`, from memory while nothing it is rendered from changed;
@@ -66,7 +67,7 @@ async def desired(
             restarted_at=restart,
         )
         try:
-            manifest, size = await _render(good.graph, options)
+            manifest, size = await _render(await parsed(good), options)
         except GraphError as exc:
             # The graph is valid, but not in the pods this spec asks for (a replica bigger
             # than the overridden worker): the spec must change, so no retry; what runs stays.

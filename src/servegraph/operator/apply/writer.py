@@ -124,7 +124,7 @@ class RayServiceWriter:
             changed = f"RayService {name} changed while it was being written; read again"
             return Applied(live, _failed("Conflict", changed, events), None, prediction.kind)
         self.metrics.writes.labels("rayservice").inc()
-        record = live_record(applied, desired.match_key)
+        record = live_record(applied, desired.match_key, desired=desired)
         self.cache.put_rayservice(where, record)
         verb = "created" if live is None else "updated"
         log.info("[%s/%s] %s RayService %s", key[0], key[1], verb, name)

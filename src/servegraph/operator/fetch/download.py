@@ -121,7 +121,7 @@ class Downloader:
                 Event("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}"),
             )
         self.cache.share_graph(got.digest, graph)
-        memory.good, state.etag = GoodGraph(graph, got.digest), got.etag
+        memory.good, state.etag = GoodGraph.of(graph, got.digest, got.body), got.etag
         memory.good_bytes = got.body if len(got.body) <= store.BUDGET else None  # kept for rollback
         summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
         return Outcome(

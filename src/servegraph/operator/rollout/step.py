@@ -79,11 +79,11 @@ class Rollouts:
         status = suspension.resume(body.get("status") or {}, self.clock())  # a rollout's clock runs again
         candidate = None
         if memory.good is not None:
-            candidate = Candidate(memory.good.digest, memory.good.graph.version, source_url)
+            candidate = Candidate(memory.good.digest, memory.good.version, source_url)
         current, found = await self._graph(memory, ns, name, (status.get("rollout") or {}).get("digest"))
         health = None
         if live is not None:
-            expected = tuple(a.name for a in current.graph.applications) if current is not None else ()
+            expected = current.applications if current is not None else ()
             blocker = blocking_problem(live.applications, live.pending, expected)
             health = Health(live.settled, live.applications, live.upgrade, expected, blocker)
         history = status.get("history") or []
@@ -128,7 +128,7 @@ class Rollouts:
         if data is None:
             return None, Outcome()
         try:
-            return GoodGraph(await self.parser(data, store.BUDGET), digest), Outcome()
+            return GoodGraph.of(await self.parser(data, store.BUDGET), digest, data), Outcome()
         except GraphError:  # kept before a stricter validator: not runnable any more
             return None, Outcome()
 
@@ -137,7 +137,7 @@ class Rollouts:
         if self.metrics is None:
             return
         graph = current or memory.good
-        graph_name = graph.graph.name if graph is not None else ""
+        graph_name = graph.name if graph is not None else ""
         if decision.outcome is not None:
             self.metrics.record_rollout((ns, name), METRIC_OUTCOMES[decision.outcome], graph_name)
         if decision.rollout is not None and decision.rollout.get("phase") == PROGRESSING:
