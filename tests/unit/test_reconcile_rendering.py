@@ -98,13 +98,16 @@ async def test_a_servegraph_keeps_its_graph_packed_and_a_later_render_parses_it_
     assert not any(isinstance(v, Graph) for v in vars(c.reconciler.cache.memory(KEY)).values())
     first = copy.deepcopy(c.api.rayservices[KEY]["spec"])
 
-    c.reconciler.cache._graphs.clear()  # as if a thousand other graphs were rendered since
-    c.body["metadata"]["generation"] = 2
-    c.watch_servegraph()
-    await c.reconcile()
-    assert parses == [len(MINI)] and len(renders) == 2
-    assert c.api.rayservices[KEY]["spec"] == first  # the same graph, rendered again from its bytes
-    assert c.condition("Applied") == ("True", "UpToDate")
+    for generation, inline in ((2, True), (3, False)):
+        # Small bytes parse again on the loop; big ones in a parse child, as downloads do.
+        monkeypatch.setattr(rendering, "INLINE_PARSE_BYTES", len(MINI) if inline else len(MINI) - 1)
+        c.reconciler.cache._graphs.clear()  # as if a thousand other graphs were rendered since
+        c.body["metadata"]["generation"] = generation
+        c.watch_servegraph()
+        await c.reconcile()
+        assert parses == ([] if inline else [len(MINI)]) and len(renders) == generation
+        assert c.api.rayservices[KEY]["spec"] == first  # the same graph, rendered again from its bytes
+        assert c.condition("Applied") == ("True", "UpToDate")
 
 
 def test_recently_parsed_graphs_are_bounded_by_their_nodes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -317,13 +317,7 @@ class Reconciler:
         return live, clash, decision, target, out
 
     async def _parsed(self, good: GoodGraph) -> Graph:
-        """The graph to render: parsed again from its packed bytes unless parsed recently."""
-        graph = self.cache.graph(good.digest)
-        if graph is None:
-            data = good.data()
-            graph = await self.rollouts.parser(data, len(data))
-            self.cache.share_graph(good.digest, graph)
-        return graph
+        return await rendering.parsed(good, self.cache, self.rollouts.parser)
 
     async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
         """spec.suspend (operator/rollout/suspension.py): delete the RayService, keep the rest, download nothing."""
