@@ -88,7 +88,7 @@ bench: venv
 
 ## bench-large: the operator at 10,000 ServeGraphs, a graph each, 1,000 of them republished at once
 bench-large: venv
-	$(OPERATOR_BENCH) --distinct --counts 10000 --json-out $(BENCH_OUT)/operator-distinct-10000.json
+	$(OPERATOR_BENCH) --distinct --counts 10000 --progress-deadline 2h --json-out $(BENCH_OUT)/operator-distinct-10000.json
 	$(PY) bench/regression.py check --baseline $(BENCH_BASELINE) $(BENCH_OUT)/operator-distinct-10000.json
 
 ## bench-baseline: record the figures of the last bench runs (every $(BENCH_OUT)/operator-*.json) as the baseline

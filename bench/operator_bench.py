@@ -207,16 +207,18 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+PROGRESS_DEADLINE: str | None = None
+"""spec.rollout.progressDeadline of the bench's ServeGraphs (`--progress-deadline`); None: the default 10m."""
+
+
 def servegraph(name: str, url: str) -> dict[str, Any]:
     """The bench's ServeGraph: `url`, with the token and CA from the namespace's Secrets."""
-    return {
-        "apiVersion": "servegraph.io/v1alpha1",
-        "kind": "ServeGraph",
-        "metadata": {"name": name},
-        "spec": {
-            "source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}
-        },
+    spec: dict[str, Any] = {
+        "source": {"url": url, "tokenSecretRef": {"name": "token"}, "caBundle": {"secretRef": {"name": "ca"}}}
     }
+    if PROGRESS_DEADLINE is not None:
+        spec["rollout"] = {"progressDeadline": PROGRESS_DEADLINE}
+    return {"apiVersion": "servegraph.io/v1alpha1", "kind": "ServeGraph", "metadata": {"name": name}, "spec": spec}
 
 
 async def create_servegraphs(api: Any, fleet: Fleet, concurrency: int) -> None:
@@ -428,6 +430,7 @@ class Bench:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    global PROGRESS_DEADLINE
     binaries = find_binaries()
     # 10,000 distinct graphs in three copies (operator, raw, floor) and their history outgrow the test bed's 256 MiB.
     launch.ETCD_QUOTA_BYTES = args.etcd_quota_mib * MiB
@@ -441,6 +444,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "storm_fraction": args.storm_fraction if args.mode == "distinct" else 0,
         "storm_via": args.storm_via if args.mode == "distinct" else [],
     }
+    if args.progress_deadline is not None:
+        PROGRESS_DEADLINE = results["config"]["progress_deadline"] = args.progress_deadline
     with (
         ControlPlane(binaries, crds=[binaries.kuberay_crds, ROOT / "config" / "crd"], audit=True) as cp,
         tempfile.TemporaryDirectory() as tmp,
@@ -543,6 +548,11 @@ def main() -> int:
         default="events,annotation",
         help="storms in turn, each a new version: events (POST /v1/events, the production path), "
         "annotation (the refresh annotation written straight: the reconcile without the endpoint)",
+    )
+    parser.add_argument(
+        "--progress-deadline",
+        help="the ServeGraphs' rollout.progressDeadline (no KubeRay runs here, so no rollout completes: "
+        "a run outlasting the default 10m fails every rollout while it measures; make bench-large sets 2h)",
     )
     parser.add_argument("--changes", type=int, default=200)
     parser.add_argument("--quiet-s", type=float, default=60)

@@ -13,6 +13,7 @@ from servegraph.dag.args import BUILDER, AppArgs, BuildError, decode, encode, gr
 from servegraph.dag.model import (
     Application,
     Argument,
+    BoundNode,
     Call,
     Constant,
     DeploymentKind,
@@ -20,7 +21,6 @@ from servegraph.dag.model import (
     Graph,
     Node,
     NodeKind,
-    NodeRef,
     SequenceKind,
     SplitterKind,
     SwitchKind,
@@ -60,7 +60,7 @@ def test_parses_every_node_kind_in_order() -> None:
         ingress="root",
         nodes=(
             Node("a", DeploymentKind("m:C", args=(Constant(3),), kwargs=(("flag", Constant(True)),))),
-            Node("b", DeploymentKind("m:C", kwargs=(("peer", NodeRef("a")),))),
+            Node("b", DeploymentKind("m:C", kwargs=(("peer", BoundNode("a")),))),
             Node("seq", SequenceKind(("a", "b"))),
             Node("ens", EnsembleKind(("a", "b"), combiner="seq")),
             Node("sw", SwitchKind(cases=(("e", "ens"),), default="a", header="x-kind")),
@@ -228,7 +228,7 @@ def _kind(draw: st.DrawFn, earlier: list[str]) -> NodeKind:
     distinct = list(dict.fromkeys(children))
     choice = draw(st.sampled_from(["deployment", "sequence", "ensemble", "switch", "splitter"]))
     if choice == "deployment":
-        args: list[Argument] = [NodeRef(c) for c in children]
+        args: list[Argument] = [BoundNode(c) for c in children]
         args += draw(st.lists(_json.map(Constant), max_size=2))
         shuffled = draw(st.permutations(args))
         split = draw(st.integers(0, len(shuffled)))

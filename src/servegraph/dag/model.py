@@ -26,13 +26,14 @@ class Constant:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeRef:
-    """A constructor argument that is another node: a DAG edge (the wire schema's NodeRef)."""
+class BoundNode:
+    """A constructor argument that is another node, bound into this one: a DAG edge (in the
+    wire schema an `Argument` whose `node` is a NodeRef; here the name says what it is)."""
 
     node: str
 
 
-Argument: TypeAlias = Constant | NodeRef
+Argument: TypeAlias = Constant | BoundNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +173,7 @@ def _children(kind: NodeKind) -> list[str]:
     match kind:
         case DeploymentKind(args=args, kwargs=kwargs):
             values = [*args, *(v for _, v in kwargs)]
-            return [a.node for a in values if isinstance(a, NodeRef)]
+            return [a.node for a in values if isinstance(a, BoundNode)]
         case SequenceKind(steps=steps):
             return list(steps)
         case EnsembleKind(members=members, combiner=combiner):

@@ -20,13 +20,13 @@ from servegraph.dag.model import (
     DEFAULT_CALL,
     MAX_RETRIES,
     Argument,
+    BoundNode,
     Call,
     Constant,
     DeploymentKind,
     EnsembleKind,
     Node,
     NodeKind,
-    NodeRef,
     SequenceKind,
     SplitterKind,
     SwitchKind,
@@ -113,7 +113,7 @@ def _edge(node_id: str, call: Call) -> str | dict[str, Any]:
 
 
 def _encode_argument(arg: Argument) -> dict[str, Any]:
-    if isinstance(arg, NodeRef):
+    if isinstance(arg, BoundNode):
         return {"node": arg.node}
     return {"value": arg.value}
 
@@ -214,7 +214,7 @@ def _decode_argument(p: Problems, where: str, raw: Any) -> Argument | None:
             return Constant(raw["value"])
         if "node" in raw:
             ref = p.node_id(f"{where}.node", raw["node"])
-            return None if ref is None else NodeRef(ref)
+            return None if ref is None else BoundNode(ref)
     p.add(f"{where}: must be {{value: <literal>}} or {{node: <node id>}}, got {raw!r}")
     return None
 

@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from servegraph.dag.model import (
     DEFAULT_CALL,
     MAX_RETRIES,
+    BoundNode,
     DeploymentKind,
     EnsembleKind,
     NodeKind,
-    NodeRef,
     SequenceKind,
     SplitterKind,
     SwitchKind,
@@ -72,8 +72,10 @@ def refs(kind: NodeKind) -> list[tuple[str, str]]:
     """(field, node id) of each edge, in declaration order (the order of a router's `calls`)."""
     match kind:
         case DeploymentKind():
-            out = [(f"deployment.args[{i}].node", a.node) for i, a in enumerate(kind.args) if isinstance(a, NodeRef)]
-            return out + [(f"deployment.kwargs[{k!r}].node", a.node) for k, a in kind.kwargs if isinstance(a, NodeRef)]
+            out = [(f"deployment.args[{i}].node", a.node) for i, a in enumerate(kind.args) if isinstance(a, BoundNode)]
+            return out + [
+                (f"deployment.kwargs[{k!r}].node", a.node) for k, a in kind.kwargs if isinstance(a, BoundNode)
+            ]
         case SequenceKind():
             return [(f"sequence.steps[{i}]", s) for i, s in enumerate(kind.steps)]
         case EnsembleKind():
@@ -126,12 +128,12 @@ def _deployment(kind: DeploymentKind, found: list[Finding]) -> None:
     elif not IMPORT_PATH.fullmatch(path):
         found.append(("deployment.import_path", f"{path!r} is not of the form 'module.path:attribute'"))
     for i, arg in enumerate(kind.args):
-        if isinstance(arg, NodeRef) and not arg.node:
+        if isinstance(arg, BoundNode) and not arg.node:
             found.append((f"deployment.args[{i}].node", EMPTY_REF))
     for name, arg in kind.kwargs:
         if not name.isidentifier():
             found.append((f"deployment.kwargs[{name!r}]", "not a Python identifier"))
-        if isinstance(arg, NodeRef) and not arg.node:
+        if isinstance(arg, BoundNode) and not arg.node:
             found.append((f"deployment.kwargs[{name!r}].node", EMPTY_REF))
 
 

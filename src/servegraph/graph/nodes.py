@@ -213,7 +213,7 @@ def _resources(msg: graph_pb2.Resources, bad: Bad) -> model.Resources:
 # Most nodes of a graph ask for one of a few resource shapes and scaling policies:
 # sharing the (immutable) objects saves building and keeping one per node.
 _shared_resources = functools.lru_cache(maxsize=1024, typed=True)(model.Resources)
-_shared_ref = functools.lru_cache(maxsize=1 << 14)(model.NodeRef)
+_shared_ref = functools.lru_cache(maxsize=1 << 14)(model.BoundNode)
 _shared_autoscaling = functools.lru_cache(maxsize=1024, typed=True)(model.Autoscaling)
 _shared_call = functools.lru_cache(maxsize=1024, typed=True)(model.Call)
 
