@@ -299,9 +299,10 @@ class Reconciler:
                 spec.ray_service.get("upgradeStrategy"),
                 live.cluster if live is not None else None,
             )
-            desired = await rendering.desired(memory, target, spec, body, live, self._parsed, restart.value)
+            desired = await rendering.desired(memory.desired, target, spec, body, live, self._parsed, restart.value)
             if isinstance(desired, Outcome):
                 return live, clash, decision, target, out.then(desired)
+            memory.desired = desired
             if live is not None and live.raw is not None:  # seen before anything was desired
                 live = live_of(live.raw, desired)
                 self.cache.put_rayservice((namespace, rs_name), live)

@@ -28,7 +28,7 @@ from servegraph.graph import GraphError, parse_graph
 from servegraph.names import SPEC_HASH_ANNOTATION, ConditionType
 from servegraph.operator.apply.drift import Desired, Live
 from servegraph.operator.apply.objectsize import manifest_bytes
-from servegraph.operator.cache import Memory, WatchCache
+from servegraph.operator.cache import WatchCache
 from servegraph.operator.protocols import Parser
 from servegraph.operator.spec import ServeGraphSpec, owner_reference
 from servegraph.operator.status.conditions import Condition
@@ -43,7 +43,7 @@ GROUPS = 3
 
 
 async def desired(
-    memory: Memory,
+    kept: Desired | None,
     good: GoodGraph,
     spec: ServeGraphSpec,
     body: Mapping[str, Any],
@@ -51,16 +51,16 @@ async def desired(
     parsed: Callable[[GoodGraph], Awaitable[Graph]],
     restart: str | None = None,
 ) -> Desired | Outcome:
-    """The RayService to apply for `good`, from memory while nothing it is rendered from changed;
-    or an Outcome saying why not when the graph does not fit the pods the spec asks for."""
+    """The RayService to apply for `good`: `kept` (the one rendered last) while nothing it is
+    rendered from changed; or an Outcome saying why not when the graph does not fit the pods
+    the spec asks for. The reconcile remembers what it returns."""
     meta = body["metadata"]
     previous = live.cluster if live is not None else None
     groups = tuple(g.get("groupName") for g in (previous or {}).get("workerGroupSpecs") or ())
     # The restart annotation is metadata: changing it moves no generation.
     render_key = (good.digest, meta.get("uid"), meta.get("generation"), groups, restart)
-    kept = memory.desired
     if kept is not None and kept.render_key != render_key and same_render(kept, render_key):
-        memory.desired = kept = replace(kept, render_key=render_key)
+        kept = replace(kept, render_key=render_key)
     if kept is None or kept.render_key != render_key:
         options = replace(
             spec.rayservice_options(meta["name"], meta["namespace"], owner_reference(body)),
@@ -74,7 +74,7 @@ async def desired(
             # than the overridden worker): the spec must change, so no retry; what runs stays.
             return Outcome(applied=Condition(ConditionType.APPLIED, False, "PodsTooSmall", str(exc)))
         match_key = (manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
-        memory.desired = kept = Desired(manifest, render_key, match_key, size)
+        kept = Desired(manifest, render_key, match_key, size)
     return kept
 
 
