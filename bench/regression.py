@@ -33,6 +33,7 @@ TOLERANCE = 0.20
 class Figure:
     better: str  # "lower" or "higher"
     slack: float  # differences up to this are noise whatever the percentage
+    gated: bool = True  # False: printed beside the others, never fails the bench
 
 
 # Per count: the round's own figures. Per run: figures measured once, with every count present.
@@ -51,7 +52,10 @@ STORM = {
     "p50_s": Figure("lower", 0.2),
     "p99_s": Figure("lower", 0.2),
     "all_applied_s": Figure("lower", 0.2),
-    "vs_floor": Figure("higher", 0.02),
+    # Not gated: a storm's floor is re-measured each run and is too short to measure within the
+    # tolerance here (100 graphs: 1.3 to 1.9 s over four runs of the same code), so its ratio swung
+    # past 20 % while the operator's own storm times, gated above, moved 1 to 4 %.
+    "vs_floor": Figure("higher", 0.02, gated=False),
 }
 
 
@@ -95,6 +99,8 @@ class Finding:
         if self.new is None:
             return f"NOT RUN    {self.run} {self.figure}: baseline {self.baseline:.4g}, not measured this run"
         change = f"{(self.new - self.baseline) / self.baseline:+.0%}" if self.baseline else "from 0"
+        if not figure_kind(self.figure).gated:
+            return f"info       {self.run} {self.figure}: baseline {self.baseline:.4g}, now {self.new:.4g} ({change}; not gated)"
         if self.regressed:
             worse = "lower" if figure_kind(self.figure).better == "higher" else "higher"
             return (
@@ -107,7 +113,7 @@ class Finding:
 def regressed(name: str, baseline: float, new: float, tolerance: float = TOLERANCE) -> bool:
     kind = figure_kind(name)
     worse_by = new - baseline if kind.better == "lower" else baseline - new
-    return worse_by > kind.slack and worse_by > tolerance * abs(baseline)
+    return kind.gated and worse_by > kind.slack and worse_by > tolerance * abs(baseline)
 
 
 def compare(

@@ -132,3 +132,17 @@ def test_a_run_with_another_configuration_fails(tmp_path: Path) -> None:
     ok, out = run_check(bigger_storm, results(), tmp_path)
     assert not ok
     assert "INVALID    distinct-1000: run with" in out and "not comparable" in out
+
+
+def test_a_storms_ratio_to_its_short_floor_is_shown_but_not_gated(tmp_path: Path) -> None:
+    # Its floor (~1.5 s for 100 graphs) moved 1.3 to 1.9 s between runs of the same code; the
+    # operator's own storm times stay gated.
+    noisy = results()
+    noisy["storms"][0]["vs_floor"] = 0.3  # -40 %
+    ok, out = run_check(noisy, results(), tmp_path)
+    assert ok, out
+    assert "info       distinct-1000 storm_events_vs_floor: baseline 0.5, now 0.3 (-40%; not gated)" in out
+    slower = results()
+    slower["storms"][0]["all_applied_s"] *= 1.5
+    ok, out = run_check(slower, results(), tmp_path)
+    assert not ok and "REGRESSION distinct-1000 storm_events_all_applied_s" in out
