@@ -15,19 +15,37 @@ from servegraph.dag.model import Graph
 from servegraph.source import Fetched, FetchRequest
 
 
-class ApiServer(Protocol):
-    """What the reconcile needs of the Kubernetes API server, and nothing more:
-    apply, write status, post an event, get (a RayService, a Secret, a ConfigMap key),
-    the rollback store's ConfigMap, and delete a RayService (spec.suspend).
-
-    `servegraph.kube.KubeClient` is the real one. Failures raise `KubeError`.
-    """
+class RayServiceApi(Protocol):
+    """A RayService: read, server-side apply, delete (the apply and suspend steps)."""
 
     async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
 
     async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None: ...
+
+
+class ConfigMapApi(Protocol):
+    """The rollback store's ConfigMap: read whole, server-side apply (operator/rollout/store.py)."""
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
+
+
+class ConfigMapKeys(Protocol):
+    """One key of a ConfigMap (a download's CA bundle)."""
+
+    async def read_configmap_key(self, namespace: str, name: str, key: str) -> str: ...
+
+
+class ApiServer(RayServiceApi, ConfigMapApi, ConfigMapKeys, Protocol):
+    """What the reconcile needs of the Kubernetes API server, and nothing more: each step's
+    own protocol above (one declaration per call), plus writing the status, posting an
+    Event and reading a Secret.
+
+    `servegraph.kube.KubeClient` is the real one. Failures raise `KubeError`.
+    """
 
     async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None: ...
 
@@ -36,12 +54,6 @@ class ApiServer(Protocol):
     ) -> None: ...
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]: ...
-
-    async def read_configmap_key(self, namespace: str, name: str, key: str) -> str: ...
-
-    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
 
 
 Fetcher = Callable[[FetchRequest], Awaitable[Fetched]]

@@ -20,17 +20,10 @@ uid and resourceVersion as preconditions.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from servegraph.operator.apply.drift import Live, conflict, live_record
-
-
-class RayServiceApi(Protocol):
-    async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
-
-    async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None: ...
+from servegraph.operator.protocols import RayServiceApi
 
 
 class NotOurs(Exception):

@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType, Key
 from servegraph.operator.cache import Memory, WatchCache
 from servegraph.operator.fetch.secrets import SecretCache, SecretError
-from servegraph.operator.protocols import Fetcher, Parser
+from servegraph.operator.protocols import ConfigMapKeys, Fetcher, Parser
 from servegraph.operator.rollout import store
 from servegraph.operator.spec import Source
 from servegraph.operator.status.conditions import Condition
@@ -28,10 +27,6 @@ from servegraph.source import Fetched, FetchError, FetchRequest, Limits
 log = logging.getLogger("servegraph.operator")
 
 MAX_PROBLEMS_SHOWN = 20
-
-
-class ConfigMaps(Protocol):
-    async def read_configmap_key(self, namespace: str, name: str, key: str) -> str: ...
 
 
 def needs_fetch(memory: Memory, source: Source, refresh: str | None, now: float) -> bool:
@@ -50,7 +45,7 @@ class Downloader:
         fetcher: Fetcher,
         parser: Parser,
         secrets: SecretCache,
-        configmaps: ConfigMaps,
+        configmaps: ConfigMapKeys,
         limits: Limits,
         cache: WatchCache,
         min_retry_delay_s: float,

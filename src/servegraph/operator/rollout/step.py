@@ -20,7 +20,7 @@ from servegraph.kube import KubeError
 from servegraph.names import ConditionType
 from servegraph.operator.apply.drift import Live
 from servegraph.operator.cache import Memory
-from servegraph.operator.protocols import Parser
+from servegraph.operator.protocols import ConfigMapApi, Parser
 from servegraph.operator.rollout import store, suspension
 from servegraph.operator.rollout.blockers import blocking_problem
 from servegraph.operator.rollout.decide import (
@@ -50,7 +50,7 @@ METRIC_OUTCOMES = {SERVING: "succeeded", FAILED: "failed", ROLLED_BACK: "rolled_
 class Rollouts:
     def __init__(
         self,
-        api: store.ConfigMapApi,
+        api: ConfigMapApi,
         parser: Parser,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,

@@ -23,20 +23,15 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from servegraph.kube import KubeError
 from servegraph.names import MANAGED_BY, MANAGED_BY_LABEL
+from servegraph.operator.protocols import ConfigMapApi
 
 BUDGET = 768 * 1024  # raw bytes; base64 in etcd stays well under its 1.5 MiB request limit
 MAX_NAME = 253
 SUFFIX = "-servegraph-graphs"
-
-
-class ConfigMapApi(Protocol):
-    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
 
 
 def store_name(servegraph: str) -> str:
