@@ -86,8 +86,8 @@ class GoodGraph:
 
     Not the parsed model: a typical tenant's graph (~56 nodes) is ~20 KiB parsed and ~1 KiB
     packed, so at 10,000 ServeGraphs keeping the model cost ~200 MiB for what a steady
-    cluster never reads. The renderer asks `WatchCache.parsed`, which keeps the recently
-    rendered ones."""
+    cluster never reads. The renderer asks `rendering.parsed`, which takes it from the
+    recently parsed graphs (`WatchCache.graph`) or parses the packed bytes again."""
 
     digest: str
     name: str
