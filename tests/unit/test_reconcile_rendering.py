@@ -14,6 +14,7 @@ from servegraph.dag.model import Graph
 from servegraph.graph import load_graph
 from servegraph.operator import cache
 from servegraph.operator.apply import rendering
+from servegraph.operator.apply.drift import Live
 from servegraph.operator.cache import WatchCache
 from servegraph.render import RayServiceOptions, render_rayservice
 
@@ -120,3 +121,28 @@ def test_recently_parsed_graphs_are_bounded_by_their_nodes(monkeypatch: pytest.M
     assert graphs.graph("b") is mini
     graphs.share_graph("d", mini)
     assert graphs.graph("c") is None and graphs.graph("b") is mini and graphs.graph("d") is mini
+
+
+async def test_what_a_servegraph_holds_between_reconciles_is_packed() -> None:
+    """Issue 25: per ServeGraph the operator held the Serve config text whole (~11 KiB for a
+    tenant's graph), the live cluster spec (~8 KiB as dicts) and its status (~7 KiB as dicts).
+    Now the desired RayService keeps the text compressed and the live record its digest; the
+    live cluster spec and the cached status are packed, and unpacked equal when read."""
+    c = Cluster()
+    await c.started()
+    live_text = c.api.rayservices[KEY]["spec"]["serveConfigV2"]
+    desired = c.reconciler.cache.memory(KEY).desired
+    assert desired is not None and "serveConfigV2" not in desired.frame["spec"]
+    assert len(desired.serve_packed) < len(live_text) / 2
+    assert desired.manifest()["spec"]["serveConfigV2"] == live_text
+    c.watch_rayservice()
+    await c.reconcile()
+    live = c.reconciler.cache.rayservice(KEY)
+    assert isinstance(live, Live) and live.matched == desired.match_key
+    assert not [name for name, v in vars(live).items() if isinstance(v, str) and len(v) > 100]
+    assert c.api.writes() == [], "compared by digest: still up to date, nothing written"
+    assert live.cluster == c.api.rayservices[KEY]["spec"]["rayClusterConfig"]
+    assert not [name for name, v in vars(live).items() if isinstance(v, dict) and len(repr(v)) > 200]
+    head = c.reconciler.cache.head(KEY)
+    assert head is not None and "status" not in head
+    assert c.reconciler.cache.body(KEY) == {**head, "status": c.body["status"]}

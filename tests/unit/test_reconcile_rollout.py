@@ -11,6 +11,7 @@ from reconcile_support import KEY, NAME, NS, Cluster
 from support import SAMPLES
 
 from servegraph.names import ConditionType
+from servegraph.operator.apply import rendering
 from servegraph.operator.reconcile import Reconciler
 from servegraph.operator.rollout import step
 from servegraph.operator.rollout.decide import STABLE_S, Decision, decide
@@ -132,6 +133,39 @@ async def test_a_pin_applies_a_kept_version_and_unpinning_returns_to_the_source(
     assert '"fine"' in serve_config(c)
 
 
+async def test_a_kept_graph_read_for_a_pin_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollout parses a kept graph to check it still runs; the render takes that parse
+    from the recently parsed graphs instead of parsing the same bytes again."""
+    c = await v1_serving()
+    v1_config = serve_config(c)
+    c.publish(mini("2", ["fine"]))
+    await c.reconcile()
+    await ready(c)
+    v1_digest = c.body["status"]["history"][1]["digest"]
+    restart(c)  # a new process: v1 is only in the store, nothing of it parsed
+    await c.reconcile()
+    assert c.reconciler.cache.graph(v1_digest) is None
+
+    parses: list[int] = []
+    real = c.reconciler.rollouts.parser
+
+    async def counted(data: bytes, max_bytes: int) -> Any:
+        parses.append(len(data))
+        return await real(data, max_bytes)
+
+    def again(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the render parsed the kept graph again")
+
+    monkeypatch.setattr(c.reconciler.rollouts, "parser", counted)
+    monkeypatch.setattr(rendering, "parse_graph", again)
+    c.body["spec"]["rollout"] = {"pin": {"digest": f"sha256:{v1_digest}"}}
+    c.body["metadata"]["generation"] += 1
+    c.watch_servegraph()
+    await c.reconcile()
+    assert serve_config(c) == v1_config
+    assert len(parses) == 1, f"the kept graph was parsed {len(parses)} times"
+
+
 async def test_the_store_keeps_every_version_of_the_history_and_is_owned_by_the_servegraph() -> None:
     c = await v1_serving()
     c.publish(mini("2", ["fine"]))
@@ -140,7 +174,7 @@ async def test_the_store_keeps_every_version_of_the_history_and_is_owned_by_the_
     assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     kept = await load(c.api, NS, NAME)
     assert sorted(kept) == sorted(h["digest"] for h in c.body["status"]["history"])
-    assert c.reconciler.cache.memory(KEY).good_bytes is None, "kept in the store, not in memory too"
+    assert not c.reconciler.cache.memory(KEY).unkept, "kept in the store: not written again"
     # A tampered entry is not trusted.
     cm["binaryData"] = copy.deepcopy(cm["binaryData"])
     first = next(iter(cm["binaryData"]))

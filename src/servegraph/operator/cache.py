@@ -23,6 +23,7 @@ from typing import Any
 from servegraph.dag.model import Graph
 from servegraph.names import Key
 from servegraph.operator.apply.drift import Desired, Live
+from servegraph.operator.packed import pack, unpack
 from servegraph.operator.spec import Source
 from servegraph.operator.status.report import GoodGraph
 
@@ -60,8 +61,9 @@ class Memory:
     fetch: FetchState = field(default_factory=FetchState)
     good: GoodGraph | None = None
     """The last valid download: the candidate a rollout starts from."""
-    good_bytes: bytes | None = None
-    """Its bytes while small enough to keep for rollback (operator/rollout/store.py)."""
+    unkept: bool = False
+    """It fits the rollback store (operator/rollout/store.py) and is not in it yet: the rollout
+    keeps its bytes (`good.data()`, no second copy held meanwhile)."""
     target: GoodGraph | None = None
     """The graph the rollout runs (the candidate, or a kept one: rollback, pin)."""
     desired: Desired | None = None
@@ -72,9 +74,19 @@ class Memory:
     current only while the spec names the same source (status.Observed.still_current)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A ServeGraph as the watch delivered it: its status packed (operator/packed.py), as it
+    is read once per reconcile and is most of the body (~7 of ~11 KiB as dicts)."""
+
+    head: dict[str, Any]
+    """The body without its status: identity, labels, spec."""
+    status: bytes | None
+
+
 class WatchCache:
     def __init__(self) -> None:
-        self._bodies: dict[Key, dict[str, Any]] = {}
+        self._bodies: dict[Key, _Held] = {}
         self._memory: dict[Key, Memory] = {}
         # None: deleted (kept only while a ServeGraph claims the name). Missing: never
         # delivered, or deleted unclaimed (read once by the reconcile).
@@ -100,15 +112,17 @@ class WatchCache:
     def put_servegraph(self, body: Mapping[str, Any]) -> Key:
         """Keep the body; returns its key."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        self._bodies[key] = _slim(body)
+        head = _slim(body)
+        status = head.pop("status", None)
+        self._bodies[key] = _Held(head, None if status is None else pack(status))
         return key
 
     def put_status(self, key: Key, uid: str, status: Mapping[str, Any]) -> None:
         """The status the operator just wrote, kept until the watch delivers the object with
         it. The cached body is replaced, never edited: a reconcile may be holding it."""
-        body = self._bodies.get(key)
-        if body is not None and body["metadata"].get("uid") == uid:
-            self._bodies[key] = {**body, "status": status}
+        held = self._bodies.get(key)
+        if held is not None and held.head["metadata"].get("uid") == uid:
+            self._bodies[key] = _Held(held.head, pack(status))
 
     def forget_servegraph(self, key: Key) -> None:
         self._bodies.pop(key, None)
@@ -120,10 +134,19 @@ class WatchCache:
                 del self._rayservices[rayservice]
 
     def body(self, key: Key) -> dict[str, Any] | None:
-        return self._bodies.get(key)
+        """The whole body, its status unpacked: a new dict each time (the reconcile's own)."""
+        held = self._bodies.get(key)
+        if held is None:
+            return None
+        return held.head if held.status is None else {**held.head, "status": unpack(held.status)}
 
-    def bodies(self) -> list[dict[str, Any]]:
-        return list(self._bodies.values())
+    def head(self, key: Key) -> dict[str, Any] | None:
+        """The body without its status: cheap, for what needs only identity, labels or spec."""
+        held = self._bodies.get(key)
+        return None if held is None else held.head
+
+    def heads(self) -> list[dict[str, Any]]:
+        return [held.head for held in self._bodies.values()]
 
     def servegraph_keys(self) -> list[Key]:
         return list(self._bodies)

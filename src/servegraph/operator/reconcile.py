@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from servegraph.dag.model import Graph
 from servegraph.kube import KubeError
 from servegraph.names import GRAPH_LABEL, GROUP, KIND, REFRESH_ANNOTATION, ConditionType, Key
 from servegraph.operator.apply import rendering
@@ -110,10 +109,10 @@ class Reconciler:
             unexpected=lambda exc: metrics.internal_error("download", exc),
             clock=clock,
         )
-        self.rollouts = Rollouts(api, parser, metrics)
+        self.rollouts = Rollouts(api, parser, self.cache, metrics)
         self.writer = RayServiceWriter(api, self.cache, metrics)
         metrics.watch_conditions(self.cache.condition_pairs)
-        metrics.watch_servegraphs(lambda key: self.cache.body(key) is not None)
+        metrics.watch_servegraphs(lambda key: self.cache.head(key) is not None)
 
     # -- triggers: each only records what changed and queues the key -------------
 
@@ -146,7 +145,7 @@ class Reconciler:
         desired = memory.desired if memory is not None else None
         self.cache.put_rayservice(where, None if deleted else live_of(body, desired))
         for key in owners:
-            if self.cache.body(key) is not None:
+            if self.cache.head(key) is not None:
                 self.queue.add(key)
 
     def resync_all(self) -> None:
@@ -185,7 +184,7 @@ class Reconciler:
         """Whether the ServeGraph read at the start is still there, the same object, and still
         this shard's: checked before every write, as a download or an API call may have let it
         be deleted, replaced or moved to another shard."""
-        now = self.cache.body(key)
+        now = self.cache.head(key)
         return now is not None and now["metadata"].get("uid") == body["metadata"].get("uid") and self.owns(now)
 
     async def _reconcile(self, key: Key, body: dict[str, Any]) -> float | None:
@@ -290,16 +289,16 @@ class Reconciler:
             memory.target = target
             stored = {h["digest"] for h in decision.history if h.get("rollbackAvailable")}
             if memory.good is not None and memory.good.digest in stored:
-                memory.good_bytes = None  # in the store now: one copy per ServeGraph in memory is too many
+                memory.unkept = False  # in the store now: not written again
             if target is None or out.retry or deleting:
                 return live, clash, decision, target, out
             step = "render"
-            restart = restarts.decide(
-                body["metadata"].get("annotations") or {},
-                spec.ray_service.get("upgradeStrategy"),
-                live.cluster if live is not None else None,
+            running = live.cluster if live is not None else None
+            annotations = body["metadata"].get("annotations") or {}
+            restart = restarts.decide(annotations, spec.ray_service.get("upgradeStrategy"), running)
+            desired = await rendering.desired(
+                memory.desired, target, spec, body, running, self.cache, self.rollouts.parser, restart.value
             )
-            desired = await rendering.desired(memory.desired, target, spec, body, live, self._parsed, restart.value)
             if isinstance(desired, Outcome):
                 return live, clash, decision, target, out.then(desired)
             memory.desired = desired
@@ -316,9 +315,6 @@ class Reconciler:
         except Exception as exc:
             out = out.then(self._unexpected(key, step, exc))
         return live, clash, decision, target, out
-
-    async def _parsed(self, good: GoodGraph) -> Graph:
-        return await rendering.parsed(good, self.cache, self.rollouts.parser)
 
     async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
         """spec.suspend (operator/rollout/suspension.py): delete the RayService, keep the rest, download nothing."""

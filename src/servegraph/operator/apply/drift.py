@@ -7,11 +7,13 @@ memory and a reconcile triggered by KubeRay's status updates compares two keys.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from servegraph.names import KIND, SPEC_HASH_ANNOTATION
+from servegraph.operator.packed import pack, pack_bytes, unpack, unpack_bytes
 from servegraph.operator.rollout.blockers import mirror_pending
 from servegraph.operator.status.report import mirror_applications, mirror_upgrade
 
@@ -19,17 +21,42 @@ MatchKey = tuple[Any, ...]
 """(spec hash, owner uid) of a rendered RayService: equal keys, nothing to write."""
 
 
+def text_digest(text: str) -> str:
+    """What a Serve config text is compared by, instead of holding the text (~11 KiB each)."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
 @dataclass
 class Desired:
-    """The RayService rendered from the last good graph, and what it was rendered from."""
+    """The RayService rendered from the last good graph, and what it was rendered from.
 
-    manifest: dict[str, Any]
+    Its Serve config text is most of the manifest and is read only to apply (when it
+    changed): it is kept compressed (~1/6 of the text), and compared by its digest."""
+
+    frame: dict[str, Any]
+    """The manifest without spec.serveConfigV2."""
+    serve_packed: bytes
+    serve_digest: str
     render_key: tuple[Any, ...]
     """(graph digest, ServeGraph uid, generation): render again when it changes."""
     match_key: MatchKey
     """(spec hash, owner uid): what a live RayService is compared by."""
     size: int = 0
     """Bytes of the manifest as JSON (objectsize.manifest_bytes): over the limit it is never applied."""
+
+    @classmethod
+    def of(
+        cls, manifest: Mapping[str, Any], render_key: tuple[Any, ...], match_key: MatchKey, size: int = 0
+    ) -> Desired:
+        spec = dict(manifest["spec"])
+        text = str(spec.pop("serveConfigV2", ""))
+        packed = pack_bytes(text.encode())
+        return cls({**manifest, "spec": spec}, packed, text_digest(text), render_key, match_key, size)
+
+    def manifest(self) -> dict[str, Any]:
+        """The whole RayService, to apply."""
+        text = unpack_bytes(self.serve_packed).decode()
+        return {**self.frame, "spec": {**self.frame["spec"], "serveConfigV2": text}}
 
 
 @dataclass(frozen=True)
@@ -63,9 +90,10 @@ class Live:
     """The field managers that wrote it: who made it, when no controller owns it."""
     settled: bool = False
     """KubeRay has acted on the object's current spec (status.observedGeneration caught up)."""
-    cluster: dict[str, Any] | None = None
-    """The live rayClusterConfig: new renders keep its worker-group order, predictions read it."""
-    serve_config: str = ""
+    packed_cluster: bytes | None = None
+    """The live rayClusterConfig (`cluster`), packed: ~8 KiB as dicts, ~0.5 KiB so."""
+    serve_digest: str = ""
+    """`text_digest` of the live serveConfigV2: whether an apply changes it."""
     raw: dict[str, Any] | None = None
     """The object itself, only while it was not compared (start-up): compared on first use."""
     deleting: bool = False
@@ -74,20 +102,20 @@ class Live:
     """The version this record was made from: a write carrying it lands only on that object
     (ownership.apply_owned), so what was decided from this record still holds."""
 
+    @property
+    def cluster(self) -> dict[str, Any] | None:
+        """The live rayClusterConfig: new renders keep its worker-group order, predictions read it."""
+        return None if self.packed_cluster is None else dict(unpack(self.packed_cluster))
+
 
 def live_record(
-    body: Mapping[str, Any], matched: MatchKey | None, compared: bool = True, desired: Desired | None = None
+    body: Mapping[str, Any], matched: MatchKey | None, compared: bool = True, serve_digest: str | None = None
 ) -> Live:
-    """A `Live` from a RayService as the API server returned or the watch delivered it.
-
-    Its Serve config text is `desired`'s own string when the two are equal: one copy per
-    ServeGraph instead of two (~11 KiB each for a typical tenant's graph)."""
+    """A `Live` from a RayService as the API server returned or the watch delivered it
+    (`serve_digest`: its Serve config's, when the caller has it already)."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    serve_config = spec.get("serveConfigV2") or ""
-    if desired is not None and (ours := desired.manifest["spec"].get("serveConfigV2")) == serve_config:
-        serve_config = ours
     owner, managers = _whose(meta)
     return Live(
         matched,
@@ -98,8 +126,8 @@ def live_record(
         owner=owner,
         managers=managers,
         settled=int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0) > 0,
-        cluster=spec.get("rayClusterConfig"),
-        serve_config=serve_config,
+        packed_cluster=None if spec.get("rayClusterConfig") is None else pack(spec["rayClusterConfig"]),
+        serve_digest=serve_digest if serve_digest is not None else live_digest(body),
         raw=None if compared else dict(body),
         deleting=bool(meta.get("deletionTimestamp")),
         resource_version=str(meta["resourceVersion"]) if meta.get("resourceVersion") else None,
@@ -136,7 +164,8 @@ def live_of(body: Mapping[str, Any], desired: Desired | None) -> Live:
     """Condense a watched or read RayService, comparing it with the desired one if there is one yet."""
     if desired is None:
         return live_record(body, None, compared=False)
-    return live_record(body, desired.match_key if up_to_date(body, desired.manifest) else None, desired=desired)
+    digest = live_digest(body)
+    return live_record(body, desired.match_key if up_to_date(body, desired, digest) else None, serve_digest=digest)
 
 
 def conflict(live: Live, namespace: str, name: str, uid: str) -> str | None:
@@ -160,14 +189,21 @@ def conflict(live: Live, namespace: str, name: str, uid: str) -> str | None:
     )
 
 
-def up_to_date(live: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """Our hash annotation matches and every field we render is still as rendered."""
-    lm, dm = live.get("metadata") or {}, desired["metadata"]
+def live_digest(live: Mapping[str, Any]) -> str:
+    return text_digest(str((live.get("spec") or {}).get("serveConfigV2") or ""))
+
+
+def up_to_date(live: Mapping[str, Any], desired: Desired, digest: str | None = None) -> bool:
+    """Our hash annotation matches and every field we render is still as rendered
+    (`digest`: the live Serve config's `live_digest`, if known)."""
+    lm, dm = live.get("metadata") or {}, desired.frame["metadata"]
+    spec = live.get("spec") or {}
     return (
         (lm.get("annotations") or {}).get(SPEC_HASH_ANNOTATION) == dm["annotations"][SPEC_HASH_ANNOTATION]
         and contains(lm.get("labels") or {}, dm["labels"])
         and contains(lm.get("ownerReferences") or [], dm.get("ownerReferences") or [])
-        and contains(live.get("spec") or {}, desired["spec"])
+        and contains(spec, desired.frame["spec"])
+        and (digest if digest is not None else live_digest(live)) == desired.serve_digest
     )
 
 

@@ -19,14 +19,14 @@ second) in a thread, so that the loop keeps serving the other ServeGraphs meanwh
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.graph import GraphError, parse_graph
 from servegraph.names import SPEC_HASH_ANNOTATION, ConditionType
-from servegraph.operator.apply.drift import Desired, Live
+from servegraph.operator.apply.drift import Desired
 from servegraph.operator.apply.objectsize import manifest_bytes
 from servegraph.operator.cache import WatchCache
 from servegraph.operator.protocols import Parser
@@ -47,15 +47,16 @@ async def desired(
     good: GoodGraph,
     spec: ServeGraphSpec,
     body: Mapping[str, Any],
-    live: Live | None,
-    parsed: Callable[[GoodGraph], Awaitable[Graph]],
+    previous: Mapping[str, Any] | None,
+    graphs: WatchCache,
+    parser: Parser,
     restart: str | None = None,
 ) -> Desired | Outcome:
     """The RayService to apply for `good`: `kept` (the one rendered last) while nothing it is
     rendered from changed; or an Outcome saying why not when the graph does not fit the pods
-    the spec asks for. The reconcile remembers what it returns."""
+    the spec asks for. `previous` is the running RayService's rayClusterConfig, if any.
+    The reconcile remembers what it returns."""
     meta = body["metadata"]
-    previous = live.cluster if live is not None else None
     groups = tuple(g.get("groupName") for g in (previous or {}).get("workerGroupSpecs") or ())
     # The restart annotation is metadata: changing it moves no generation.
     render_key = (good.digest, meta.get("uid"), meta.get("generation"), groups, restart)
@@ -68,13 +69,13 @@ async def desired(
             restarted_at=restart,
         )
         try:
-            manifest, size = await _render(await parsed(good), options)
+            manifest, size = await _render(await parsed(good, graphs, parser), options)
         except GraphError as exc:
             # The graph is valid, but not in the pods this spec asks for (a replica bigger
             # than the overridden worker): the spec must change, so no retry; what runs stays.
             return Outcome(applied=Condition(ConditionType.APPLIED, False, "PodsTooSmall", str(exc)))
         match_key = (manifest["metadata"]["annotations"][SPEC_HASH_ANNOTATION], meta.get("uid"))
-        kept = Desired(manifest, render_key, match_key, size)
+        kept = Desired.of(manifest, render_key, match_key, size)
     return kept
 
 
@@ -105,7 +106,7 @@ def same_render(kept: Desired, render_key: tuple[Any, ...]) -> bool:
     old = kept.render_key
     if old[GROUPS] != () or old[:GROUPS] != render_key[:GROUPS] or old[GROUPS + 1 :] != render_key[GROUPS + 1 :]:
         return False
-    cluster = kept.manifest["spec"]["rayClusterConfig"]
+    cluster = kept.frame["spec"]["rayClusterConfig"]
     own: tuple[Any, ...] = tuple(g.get("groupName") for g in cluster.get("workerGroupSpecs") or ())
     return bool(render_key[GROUPS] == own)
 

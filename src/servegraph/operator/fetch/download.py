@@ -117,7 +117,7 @@ class Downloader:
             )
         self.cache.share_graph(got.digest, graph)
         memory.good, state.etag = GoodGraph.of(graph, got.digest, got.body), got.etag
-        memory.good_bytes = got.body if len(got.body) <= store.BUDGET else None  # kept for rollback
+        memory.unkept = len(got.body) <= store.BUDGET  # the rollout keeps it for rollback
         summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
         return Outcome(
             fetched=Condition(

@@ -19,7 +19,7 @@ from servegraph.graph import GraphError
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType
 from servegraph.operator.apply.drift import Live
-from servegraph.operator.cache import Memory
+from servegraph.operator.cache import Memory, WatchCache
 from servegraph.operator.protocols import ConfigMapApi, Parser
 from servegraph.operator.rollout import store, suspension
 from servegraph.operator.rollout.blockers import blocking_problem
@@ -52,12 +52,15 @@ class Rollouts:
         self,
         api: ConfigMapApi,
         parser: Parser,
+        graphs: WatchCache,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
         self.parser = parser
         """Kept graphs are parsed as downloads are: off the event loop, with the graph limits."""
+        self.graphs = graphs
+        """The recently parsed graphs: a kept graph parsed here is not parsed again to render."""
         self.metrics = metrics
         self.clock = clock
         """Wall-clock seconds: rollout times are written to the status (RFC 3339)."""
@@ -128,9 +131,11 @@ class Rollouts:
         if data is None:
             return None, Outcome()
         try:
-            return GoodGraph.of(await self.parser(data, store.BUDGET), digest, data), Outcome()
+            graph = self.graphs.graph(digest) or await self.parser(data, store.BUDGET)
         except GraphError:  # kept before a stricter validator: not runnable any more
             return None, Outcome()
+        self.graphs.share_graph(digest, graph)
+        return GoodGraph.of(graph, digest, data), Outcome()
 
     def _count(self, ns: str, name: str, decision: Decision, current: GoodGraph | None, memory: Memory) -> None:
         """The rollout's outcome in servegraph_graph_rollouts_total, labelled with the graph's name."""
@@ -150,8 +155,8 @@ class Rollouts:
         with each history entry marked kept or not, and a Warning when the store failed."""
         meta = body["metadata"]
         new = {}
-        if memory.good is not None and memory.good_bytes is not None:
-            new[memory.good.digest] = memory.good_bytes
+        if memory.good is not None and memory.unkept:
+            new[memory.good.digest] = memory.good.data()
         ready = [h["digest"] for h in decision.history if h.get("readyAt")]
         order = [*ready[:1], *kept_digests(decision.history)]
         found = Outcome()

@@ -253,7 +253,7 @@ async def start(options: Options) -> Operator:
     if options.events_host is not None:
         token = EventsToken(kube, options.events_token_secret)
         await token.load()
-        app = events_app(token.get, reconciler.cache.bodies, kube.annotate_servegraph)
+        app = events_app(token.get, reconciler.cache.heads, kube.annotate_servegraph)
         runner, operator.ports["events"] = await _serve(app, options.events_host, options.events_port)
         operator.runners.append(runner)
     # Health last: /readyz answers only once every listener is up (a probe that passed
