@@ -9,7 +9,6 @@ reconciles reports per-ServeGraph series: standbys have nothing to say.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from servegraph.names import Key
+from servegraph.operator.run.graph_metrics import GraphCounter, GraphHistogram
 
 PER_GRAPH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Few buckets: these histograms have a series per ServeGraph."""
@@ -88,27 +88,19 @@ class Metrics:
             ["step", "exception"],
             registry=r,
         )
-        per_graph = ["namespace", "name"]
-        self.graph_fetch_seconds = Histogram(
+        self.graph_fetch_seconds = GraphHistogram(
             "servegraph_graph_fetch_duration_seconds",
             "Duration of one registry request for a ServeGraph's graph",
-            per_graph,
-            buckets=PER_GRAPH_BUCKETS,
-            registry=r,
+            PER_GRAPH_BUCKETS,
         )
-        self.graph_reconcile_seconds = Histogram(
-            "servegraph_graph_reconcile_duration_seconds",
-            "Duration of a ServeGraph's reconcile",
-            per_graph,
-            buckets=PER_GRAPH_BUCKETS,
-            registry=r,
+        self.graph_reconcile_seconds = GraphHistogram(
+            "servegraph_graph_reconcile_duration_seconds", "Duration of a ServeGraph's reconcile", PER_GRAPH_BUCKETS
         )
-        self.rollouts = Counter(
-            "servegraph_graph_rollouts_total",
-            "Rollouts of a new graph digest by how they ended",
-            [*per_graph, "graph", "outcome"],
-            registry=r,
+        self.rollouts = GraphCounter(
+            "servegraph_graph_rollouts", "Rollouts of a new graph digest by how they ended", ["graph", "outcome"]
         )
+        for per_graph in (self.graph_fetch_seconds, self.graph_reconcile_seconds, self.rollouts):
+            r.register(per_graph)
         self._live: dict[Key, dict[str, str]] = {}
         r.register(_GraphInfoCollector(self._live))
 
@@ -122,7 +114,7 @@ class Metrics:
         self.reconciles.labels(result).inc()
         self.reconcile_seconds.labels(result).observe(seconds)
         if self._exists(key):  # deleted meanwhile: `forget` dropped its series, keep them dropped
-            self.graph_reconcile_seconds.labels(*key).observe(seconds)
+            self.graph_reconcile_seconds.observe(key, seconds)
 
     def internal_error(self, step: str, exc: BaseException) -> None:
         """A reconcile step (reconcile.STEPS) failed with an exception of no known kind."""
@@ -137,7 +129,7 @@ class Metrics:
             self.fetch_bytes.inc(n_bytes)
         key = _reconciling.get()
         if key is not None and self._exists(key):
-            self.graph_fetch_seconds.labels(*key).observe(seconds)
+            self.graph_fetch_seconds.observe(key, seconds)
 
     def observe_status(self, key: Key, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         """A reconcile's status for a ServeGraph: the live graph."""
@@ -152,22 +144,17 @@ class Metrics:
     def rollout_started(self, key: Key, graph: str) -> None:
         """Series at 0 while a rollout is under way, so increase() over a range counts its first outcome."""
         for outcome in ROLLOUT_OUTCOMES:
-            self.rollouts.labels(key[0], key[1], graph, outcome)
+            self.rollouts.inc(key, (graph, outcome), 0)
 
     def record_rollout(self, key: Key, outcome: str, graph: str = "") -> None:
         """Count one rollout of ServeGraph `key` that ended with `outcome` (one of ROLLOUT_OUTCOMES)."""
-        self.rollouts.labels(key[0], key[1], graph, outcome).inc()
+        self.rollouts.inc(key, (graph, outcome))
 
     def forget(self, key: Key) -> None:
         """A ServeGraph was deleted: drop its per-ServeGraph series."""
         self._live.pop(key, None)
-        for histogram in (self.graph_fetch_seconds, self.graph_reconcile_seconds):
-            with contextlib.suppress(KeyError):
-                histogram.remove(*key)
-        for labels in [s.labels for m in self.rollouts.collect() for s in m.samples]:
-            if (labels.get("namespace"), labels.get("name")) == key:
-                with contextlib.suppress(KeyError):
-                    self.rollouts.remove(labels["namespace"], labels["name"], labels["graph"], labels["outcome"])
+        for per_graph in (self.graph_fetch_seconds, self.graph_reconcile_seconds, self.rollouts):
+            per_graph.remove(key)
 
     def watch_conditions(self, snapshot: Callable[[], Iterable[tuple[str, str]]]) -> None:
         self.registry.register(_ConditionCollector(snapshot))
