@@ -111,18 +111,26 @@ async def test_a_failed_version_is_rolled_back_from_the_store_after_a_restart() 
     assert c.body["status"]["history"][0]["outcome"] == "Serving"
 
 
-async def test_a_pin_applies_a_kept_version_and_unpinning_returns_to_the_source() -> None:
+async def v2_serving_after_v1() -> tuple[Cluster, str, str]:
+    """Version 2 serving, version 1 kept: the cluster, v1's Serve config and its digest."""
     c = await v1_serving()
     v1_config = serve_config(c)
     c.publish(mini("2", ["fine"]))
     await c.reconcile()
     await ready(c)
-    v1_digest = c.body["status"]["history"][1]["digest"]
+    return c, v1_config, c.body["status"]["history"][1]["digest"]
 
-    c.body["spec"]["rollout"] = {"pin": {"digest": f"sha256:{v1_digest}"}}
+
+async def pin(c: Cluster, digest: str) -> None:
+    c.body["spec"]["rollout"] = {"pin": {"digest": f"sha256:{digest}"}}
     c.body["metadata"]["generation"] += 1
     c.watch_servegraph()
     await c.reconcile()
+
+
+async def test_a_pin_applies_a_kept_version_and_unpinning_returns_to_the_source() -> None:
+    c, v1_config, v1_digest = await v2_serving_after_v1()
+    await pin(c, v1_digest)
     assert serve_config(c) == v1_config
     assert c.body["status"]["rollout"]["cause"] == "pin"
 
@@ -136,12 +144,7 @@ async def test_a_pin_applies_a_kept_version_and_unpinning_returns_to_the_source(
 async def test_a_kept_graph_read_for_a_pin_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rollout parses a kept graph to check it still runs; the render takes that parse
     from the recently parsed graphs instead of parsing the same bytes again."""
-    c = await v1_serving()
-    v1_config = serve_config(c)
-    c.publish(mini("2", ["fine"]))
-    await c.reconcile()
-    await ready(c)
-    v1_digest = c.body["status"]["history"][1]["digest"]
+    c, v1_config, v1_digest = await v2_serving_after_v1()
     restart(c)  # a new process: v1 is only in the store, nothing of it parsed
     await c.reconcile()
     assert c.reconciler.cache.graph(v1_digest) is None
@@ -158,10 +161,7 @@ async def test_a_kept_graph_read_for_a_pin_is_parsed_once(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(c.reconciler.rollouts, "parser", counted)
     monkeypatch.setattr(rendering, "parse_graph", again)
-    c.body["spec"]["rollout"] = {"pin": {"digest": f"sha256:{v1_digest}"}}
-    c.body["metadata"]["generation"] += 1
-    c.watch_servegraph()
-    await c.reconcile()
+    await pin(c, v1_digest)
     assert serve_config(c) == v1_config
     assert len(parses) == 1, f"the kept graph was parsed {len(parses)} times"
 
