@@ -33,4 +33,4 @@ def pack(value: Any) -> bytes:
 
 
 def unpack(data: bytes) -> Any:
-    return orjson.loads(zlib.decompress(data))
+    return orjson.loads(unpack_bytes(data))

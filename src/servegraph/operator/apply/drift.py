@@ -193,9 +193,9 @@ def live_digest(live: Mapping[str, Any]) -> str:
     return text_digest(str((live.get("spec") or {}).get("serveConfigV2") or ""))
 
 
-def up_to_date(live: Mapping[str, Any], desired: Desired, digest: str | None = None) -> bool:
+def up_to_date(live: Mapping[str, Any], desired: Desired, digest: str) -> bool:
     """Our hash annotation matches and every field we render is still as rendered
-    (`digest`: the live Serve config's `live_digest`, if known)."""
+    (`digest`: the live Serve config's `live_digest`)."""
     lm, dm = live.get("metadata") or {}, desired.frame["metadata"]
     spec = live.get("spec") or {}
     return (
@@ -203,7 +203,7 @@ def up_to_date(live: Mapping[str, Any], desired: Desired, digest: str | None = N
         and contains(lm.get("labels") or {}, dm["labels"])
         and contains(lm.get("ownerReferences") or [], dm.get("ownerReferences") or [])
         and contains(spec, desired.frame["spec"])
-        and (digest if digest is not None else live_digest(live)) == desired.serve_digest
+        and digest == desired.serve_digest
     )
 
 

@@ -14,13 +14,13 @@ be RUNNING, which is what a user of the graph means by ready.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.names import ConditionType
+from servegraph.operator.packed import pack_bytes, unpack_bytes
 from servegraph.operator.rollout.blockers import (
     NO_APPLICATION,
     POD_HINT,
@@ -100,10 +100,10 @@ class GoodGraph:
     def of(cls, graph: Graph, digest: str, data: bytes) -> GoodGraph:
         """`data` are the graph's bytes as downloaded (or kept), `graph` what they parse to."""
         names = tuple(a.name for a in graph.applications)
-        return cls(digest, graph.name, graph.version, names, graph.node_count, zlib.compress(data))
+        return cls(digest, graph.name, graph.version, names, graph.node_count, pack_bytes(data))
 
     def data(self) -> bytes:
-        return zlib.decompress(self.packed)
+        return unpack_bytes(self.packed)
 
 
 @dataclass(frozen=True)
