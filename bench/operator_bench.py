@@ -320,7 +320,10 @@ class Bench:
             cm = configmap(fns, name, {sha256_hex(data): data})
             items.append(FloorItem(fns, name, spec, cm, placed(manifest, fns), written[key]))
         mark = self.cp.audit_log.offset()
+        client0, server0 = time.process_time(), self.server_cpu_s()
         floor_s = await floor_create(self.kube, items, args.workers)
+        floor_client_cpu = time.process_time() - client0
+        floor_server_cpu = self.server_cpu_s() - server0
         floor_events = self.cp.audit_log.events(since=mark)
         floor_writes = per_item(requests_by_kind(floor_events, {i.namespace for i in items}, writes=True), fleet.count)
         for key, item in zip(fleet.keys, items, strict=True):
@@ -336,6 +339,11 @@ class Bench:
             "operator_vs_floor": floor_s / operator_s,
             "operator_cpu_s": operator_cpu,
             "apiserver_etcd_cpu_s": server_cpu,
+            # What the floor's writes cost its client (this process) and the API server: the
+            # operator's CPU beyond its API calls is operator_cpu_s less floor_client_cpu_s.
+            "floor_client_cpu_s": floor_client_cpu,
+            "floor_apiserver_etcd_cpu_s": floor_server_cpu,
+            "operator_cpu_beyond_calls_ms": (operator_cpu - floor_client_cpu) / fleet.count * 1000,
             "operator_writes_per_servegraph": op_writes,
             "floor_writes_per_servegraph": floor_writes,
             "floor_missing_writes": missing(op_writes, floor_writes),

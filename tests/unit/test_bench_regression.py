@@ -146,3 +146,57 @@ def test_a_storms_ratio_to_its_short_floor_is_shown_but_not_gated(tmp_path: Path
     slower["storms"][0]["all_applied_s"] *= 1.5
     ok, out = run_check(slower, results(), tmp_path)
     assert not ok and "REGRESSION distinct-1000 storm_events_all_applied_s" in out
+
+
+def with_floor(run: dict[str, Any], floor_s: float, scale: float = 1.0) -> dict[str, Any]:
+    """The run measured on a machine `scale` times slower: its floor and every timed figure."""
+    for count in run["counts"].values():
+        count["floor_s"] = floor_s * scale
+        count["operator_s"] *= scale
+        count["operator_cpu_s"] *= scale
+    run["latency_p50_s"] *= scale
+    run["latency_p99_s"] *= scale
+    for storm in run["storms"]:
+        for name in ("p50_s", "p99_s", "all_applied_s"):
+            storm[name] *= scale
+    return run
+
+
+def test_a_slower_machine_is_not_a_regression(tmp_path: Path) -> None:
+    # The same code on a day its floor took 30 % longer: every time and CPU figure +30 %.
+    ok, out = run_check(with_floor(results(), 10.0, 1.3), with_floor(results(), 10.0), tmp_path)
+    assert ok, out
+    assert "ok         distinct-1000 operator_cpu_s: baseline 6, now 7.8, 6 at the baseline's speed (+0%)" in out
+    assert "info       distinct-1000 floor_s: baseline 10, now 13" in out
+
+
+def test_a_regression_on_a_faster_machine_is_still_one(tmp_path: Path) -> None:
+    # The floor 20 % faster and the operator's CPU unchanged: per unit of machine, +25 %.
+    faster = with_floor(results(), 10.0, 0.8)
+    faster["counts"]["1000"]["operator_cpu_s"] = 6.0
+    ok, out = run_check(faster, with_floor(results(), 10.0), tmp_path)
+    assert not ok
+    assert "REGRESSION distinct-1000 operator_cpu_s: baseline 6, now 6, 7.5 at the baseline's speed (+25%" in out
+
+
+def test_a_slower_machine_still_shows_a_real_regression(tmp_path: Path) -> None:
+    slower = with_floor(results(), 10.0, 1.3)
+    slower["storms"][0]["all_applied_s"] = 4.0 * 1.3 * 1.25
+    ok, out = run_check(slower, with_floor(results(), 10.0), tmp_path)
+    assert not ok
+    assert "REGRESSION distinct-1000 storm_events_all_applied_s: baseline 4, now 6.5, 5 at the baseline's speed" in out
+    # figures that are not times are compared as measured
+    assert "ok         distinct-1000 rss_loaded_mib: baseline 140, now 140 (+0%)" in out
+
+
+def test_a_baseline_recorded_without_its_floor_has_it_from_time_and_ratio() -> None:
+    assert regression.floor_of({"operator_s": 15.0, "operator_vs_floor": 0.7}) == 15.0 * 0.7
+    assert regression.slowdown({"operator_s": 15.0, "operator_vs_floor": 0.7}, {"floor_s": 21.0}) == 2.0
+    # a run that did not measure its floor is compared as measured
+    assert regression.slowdown({"floor_s": 10.0}, {"operator_s": 15.0, "operator_vs_floor": 0.7}) is None
+
+
+def test_a_machine_too_far_from_the_baselines_is_refused(tmp_path: Path) -> None:
+    ok, out = run_check(with_floor(results(), 10.0, 1.6), with_floor(results(), 10.0), tmp_path)
+    assert not ok
+    assert "INVALID    distinct-1000: its floor took 1.60 times the baseline's" in out
