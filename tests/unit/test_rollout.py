@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from servegraph.operator.rollout.decide import (
     FAILED,
     PROGRESSING,
@@ -16,6 +18,7 @@ from servegraph.operator.rollout.decide import (
     Health,
     RolloutSpec,
     decide,
+    parse_rfc3339,
     rfc3339,
 )
 from servegraph.operator.rollout.step import with_upgrade
@@ -254,3 +257,12 @@ def test_the_predicted_upgrade_is_recorded_on_a_new_decision() -> None:
     assert with_upgrade(said, "NewCluster") is said
     none = Decision(target=None, rollout=None, history=[])
     assert with_upgrade(none, "NewCluster") is none
+
+
+def test_a_status_time_reads_back_to_the_second_and_a_time_without_zone_is_refused() -> None:
+    for epoch in (0.0, T0, T0 + 300, 4102444800.0):
+        assert parse_rfc3339(rfc3339(epoch)) == epoch
+    with pytest.raises(ValueError, match="not a UTC time"):
+        parse_rfc3339("2026-11-26T11:41:12")  # local time: which zone?
+    with pytest.raises(ValueError):
+        parse_rfc3339("yesterday Z")

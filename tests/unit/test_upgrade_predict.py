@@ -10,7 +10,7 @@ import yaml
 from builders import deployment, graph, ref
 
 from servegraph.graph.validate import to_model
-from servegraph.render import RayServiceOptions, render_rayservice
+from servegraph.render import RayServiceOptions, render_rayservice, upgrade
 from servegraph.render.upgrade import (
     CLUSTER_IN_PLACE,
     CREATE,
@@ -118,6 +118,18 @@ def test_quantities(text: str | int, value: float) -> None:
 def test_bad_quantities_name_the_value(text: str) -> None:
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         parse_quantity(text)
+
+
+def test_a_quantity_read_again_is_the_same_and_a_bad_one_is_refused_again() -> None:
+    """Short quantities are parsed once and remembered; a refusal is not remembered as a value,
+    and a long one (a tenant's hostile spec) is parsed without being held."""
+    assert parse_quantity("16Gi") == parse_quantity("16Gi") == 16 * 2**30
+    for _ in range(2):
+        with pytest.raises(ValueError, match="'1x'"):
+            parse_quantity("1x")
+    held = upgrade._short_quantity.cache_info().currsize
+    assert parse_quantity("1" + "0" * 40 + "m") == pytest.approx(1e37)
+    assert upgrade._short_quantity.cache_info().currsize == held
 
 
 def cpu_heavy_app() -> graph_pb2.Application:
