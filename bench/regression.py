@@ -9,12 +9,18 @@ by 7 ms on two shared cores is noise, not a regression). A run key missing from 
 baseline fails too: a bench that compares nothing must not pass silently; so does a run
 whose `config` (seed, namespaces, workers, changes, storm size) differs from the baseline's.
 
+Given several runs of the same key (`make bench` runs both again when a figure regressed),
+each figure is taken from the run that measured it best: a regression must show in every
+run. The operator CPU moved by ±12 % between runs of the same code here (5.7 to 7.3
+CPU-s over three), so a single run could fail the 20 % gate on noise.
+
 Times and CPU seconds are compared at the baseline's machine speed: each run measures its
 floor (the same writes with no operator between, CPU-bound on this machine's two cores),
 and a timed figure is scaled by the baseline's floor over this run's before the check. The
-same code measured 10.6 s and 11.9 s of floor on two days; without the scaling a slower
-day failed the gate on figures that had not moved against their own floor. A floor more
-than 1.5 times off the baseline's is not scaled but refused: the machine is not comparable.
+floor at 1,000 distinct took 10.6 s on the baseline's day and 10.1 to 17.3 s within one
+later day (2026-11-26); without the scaling a slower hour failed the gate on figures that
+had not moved against their own floor. A floor more than 1.5 times off the baseline's is
+not scaled but refused: the machine is not comparable.
 
     python bench/regression.py record build/bench/operator-*.json   # after a full `make bench`
     python bench/regression.py check build/bench/operator-distinct-1000.json
@@ -107,12 +113,17 @@ class Finding:
     regressed: bool
     scaled: float | None = None  # `new` at the baseline's machine speed, for a timed figure
 
+    @property
+    def compared(self) -> float | None:
+        return self.new if self.scaled is None else self.scaled
+
     def line(self, tolerance: float) -> str:
         if self.baseline is None:
             return f"NEW        {self.run} {self.figure}: {self.new:.4g} (no baseline)"
         if self.new is None:
             return f"NOT RUN    {self.run} {self.figure}: baseline {self.baseline:.4g}, not measured this run"
-        compared = self.new if self.scaled is None else self.scaled
+        compared = self.compared
+        assert compared is not None
         change = f"{(compared - self.baseline) / self.baseline:+.0%}" if self.baseline else "from 0"
         now = f"now {self.new:.4g}" + ("" if self.scaled is None else f", {self.scaled:.4g} at the baseline's speed")
         if not figure_kind(self.figure).gated:
@@ -169,6 +180,28 @@ def compare(
     return found
 
 
+def _better(a: Finding, b: Finding) -> bool:
+    """Whether `a` measured its figure better than `b` did (a missing measurement is worst)."""
+    if a.regressed != b.regressed:
+        return not a.regressed
+    if a.compared is None or b.compared is None:
+        return b.compared is None and a.compared is not None
+    lower = figure_kind(a.figure).better == "lower"
+    return a.compared < b.compared if lower else a.compared > b.compared
+
+
+def best(attempts: Iterable[Iterable[Finding]]) -> list[Finding]:
+    """Per run and figure, the finding of the run that measured it best: regressed only if
+    it regressed in every run."""
+    chosen: dict[tuple[str, str], Finding] = {}
+    for findings in attempts:
+        for f in findings:
+            was = chosen.get((f.run, f.figure))
+            if was is None or _better(f, was):
+                chosen[(f.run, f.figure)] = f
+    return [chosen[k] for k in sorted(chosen)]
+
+
 def incomparable(baseline: Mapping[str, Mapping[str, float]], current: Mapping[str, Mapping[str, float]]) -> list[str]:
     """Runs whose machine was too much slower or faster than the baseline's for scaling to hold."""
     out = []
@@ -216,18 +249,23 @@ def check(results: Iterable[Mapping[str, Any]], path: Path = BASELINE, out: Any 
     base = load_baseline(path)
     tolerance = float(base.get("tolerance", TOLERANCE))
     runs = {k: v["figures"] for k, v in base.get("runs", {}).items()}
-    current: dict[str, dict[str, float]] = {}
+    attempts: list[dict[str, dict[str, float]]] = []  # one per results file
     invalid = []
     for r in results:
-        current.update(figures(r))
+        attempts.append(figures(r))
         invalid += problems(r)
-        for run in figures(r):
+        for run in attempts[-1]:
             was = base.get("runs", {}).get(run, {}).get("config")
             if was is not None and was != r.get("config"):
                 invalid.append(f"{run}: run with {r.get('config')}, the baseline with {was}: not comparable")
-    invalid += incomparable(runs, current)
+        invalid += incomparable(runs, attempts[-1])
+    current = {run: figs for a in attempts for run, figs in a.items()}
     ok = True
-    for finding in compare(runs, current, tolerance):
+    for run in sorted(current):
+        n = sum(run in a for a in attempts)
+        if n > 1:
+            print(f"note       {run}: {n} runs; each figure as the better run measured it", file=out)
+    for finding in best(compare(runs, a, tolerance) for a in attempts):
         print(finding.line(tolerance), file=out)
         ok = ok and not finding.regressed
     for run in missing(runs, current):

@@ -200,3 +200,26 @@ def test_a_machine_too_far_from_the_baselines_is_refused(tmp_path: Path) -> None
     ok, out = run_check(with_floor(results(), 10.0, 1.6), with_floor(results(), 10.0), tmp_path)
     assert not ok
     assert "INVALID    distinct-1000: its floor took 1.60 times the baseline's" in out
+
+
+def test_a_regression_must_show_in_every_run_of_the_same_key(tmp_path: Path) -> None:
+    # `make bench` runs again after a failure: one noisy run is not a regression, two are.
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(regression.record([results()], path)))
+    noisy, fine, slow = results(), results(), results()
+    noisy["counts"]["1000"]["operator_cpu_s"] = 7.8  # +30 %
+    fine["counts"]["1000"]["operator_cpu_s"] = 6.3  # +5 %
+    slow["counts"]["1000"]["operator_cpu_s"] = 7.5  # +25 %
+    out = io.StringIO()
+    assert regression.check([noisy, fine], path, out), out.getvalue()
+    assert "note       distinct-1000: 2 runs; each figure as the better run measured it" in out.getvalue()
+    assert "ok         distinct-1000 operator_cpu_s: baseline 6, now 6.3 (+5%)" in out.getvalue()
+    out = io.StringIO()
+    assert not regression.check([noisy, slow], path, out)
+    assert "REGRESSION distinct-1000 operator_cpu_s: baseline 6, now 7.5 (+25%" in out.getvalue()
+    # each run's problems still count: an unfinished storm in either fails
+    unfinished = results()
+    unfinished["storms"][0].update({"applied": 97, "all_applied_s": None})
+    out = io.StringIO()
+    assert not regression.check([fine, unfinished], path, out)
+    assert "97 of 100 applied in time" in out.getvalue()
