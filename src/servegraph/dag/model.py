@@ -9,7 +9,7 @@ dependencies, and the wire schema can evolve behind the validator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from operator import attrgetter
 from types import MappingProxyType
@@ -221,16 +221,6 @@ class Application:
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Picklable despite the read-only view: the operator parses graphs in a child process.
-
-        Every field, read from the dataclass itself (`_app_fields`): a field left out here
-        would be silently reset to its default in the operator (telemetry once was).
-        """
-        values = list(_app_fields(self))
-        values[_APP_NODES] = dict(self.nodes)
-        return (Application, tuple(values))
-
     def ordered_nodes(self) -> tuple[Node, ...]:
         return tuple(self.nodes[i] for i in self.order)
 
@@ -303,27 +293,39 @@ class Graph:
         return sum(len(a.nodes) for a in self.applications)
 
 
-def _reduce_by_fields(cls: type) -> None:
+def _reduce_by_fields(cls: type, thawed: str | None = None) -> None:
     """Pickle as (class, field values): a parse child sends every graph back this way.
 
     dataclass(slots=True) pickles each object by calling `fields()` on it, and a tenant's
     graph is a few hundred of them: that was ~0.66 ms to pickle and ~0.79 ms to unpickle a
     59-node graph (a fifth of its parse again). The field names are read once here instead,
-    still from the dataclass, so a new field cannot be left out.
+    still from the dataclass, so a new field cannot be left out (one once was: an
+    application's telemetry reset to its default in the operator). `thawed` names a field
+    held as a read-only view, which cannot be pickled: it goes as a dict.
     """
     names = tuple(f.name for f in fields(cls))
     get = attrgetter(*names)
-    single = len(names) == 1  # attrgetter of one name gives the value, not a tuple
+    if thawed is not None:
+        at = names.index(thawed)
 
-    def reduce(self: Any) -> tuple[type, tuple[Any, ...]]:
-        return (cls, (get(self),) if single else get(self))
+        def reduce(self: Any) -> tuple[type, tuple[Any, ...]]:
+            values = list(get(self))
+            values[at] = dict(values[at])
+            return (cls, tuple(values))
+
+    elif len(names) == 1:  # attrgetter of one name gives the value, not a tuple
+
+        def reduce(self: Any) -> tuple[type, tuple[Any, ...]]:
+            return (cls, (get(self),))
+
+    else:
+
+        def reduce(self: Any) -> tuple[type, tuple[Any, ...]]:
+            return (cls, get(self))
 
     cls.__reduce__ = reduce  # type: ignore[method-assign,assignment]
 
 
-_APP_NAMES = tuple(f.name for f in fields(Application))
-_APP_NODES = _APP_NAMES.index("nodes")
-_app_fields: Callable[[Application], tuple[Any, ...]] = attrgetter(*_APP_NAMES)
 for _cls in [v for v in list(globals().values()) if isinstance(v, type) and is_dataclass(v)]:
-    if _cls.__module__ == __name__ and _cls is not Application:
-        _reduce_by_fields(_cls)
+    if _cls.__module__ == __name__:
+        _reduce_by_fields(_cls, "nodes" if _cls is Application else None)
