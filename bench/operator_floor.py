@@ -3,10 +3,10 @@
 The floor is what a minimal client would send for each ServeGraph, made with the
 operator's own client code (`KubeClient`, raw JSON, its session): every write the
 operator makes, once, in its order, and no reads. A create is: the ServeGraph (the
-user's write, in both runs), the kept-graphs ConfigMap (operator/rollout/store.py), the
-RayService, the status, one Event. A republish is: the refresh annotation (when the
-events endpoint carries it), the ConfigMap with both versions, the RayService, the
-status, one Event. The bench counts both sides' writes in the audit log and names any
+user's write, in both runs), the kept-graphs ConfigMap created (operator/rollout/store.py),
+the RayService, the status, one Event. A republish is: the refresh annotation (when the
+events endpoint carries it), the new version merge-patched into the ConfigMap, the
+RayService, the status, one Event. The bench counts both sides' writes in the audit log and names any
 kind of write the operator made that the floor did not (`missing`): then the floor is
 wrong, not the operator fast.
 """
@@ -41,6 +41,7 @@ class FloorItem:
     rayservice: dict[str, Any]
     status: dict[str, Any]
     body: dict[str, Any] | None = None  # the ServeGraph as created
+    added: dict[str, str] | None = None  # a republish: the graph it adds to the ConfigMap (base64)
 
 
 def owned(manifest: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,7 +78,7 @@ async def floor_create(kube: KubeClient, items: Sequence[FloorItem], concurrency
         sg = await custom.create_namespaced_custom_object(GROUP, VERSION, item.namespace, PLURAL, body)
         item.body = sg
         owner = owner_reference(sg)
-        await kube.apply_configmap(owned(item.configmap, owner), force=False)
+        await kube.create_configmap(owned(item.configmap, owner))
         await kube.apply_rayservice(owned(item.rayservice, owner), force=False)
         await kube.patch_servegraph_status(item.namespace, item.name, sg["metadata"]["uid"], item.status)
         await kube.post_event(sg, "Normal", "Applied", f"created RayService {item.name}", conditions.now_rfc3339())
@@ -93,7 +94,8 @@ async def floor_update(kube: KubeClient, items: Sequence[FloorItem], annotate: b
         owner = owner_reference(item.body)
         if annotate:
             await kube.annotate_servegraph(item.namespace, item.name, {REFRESH_ANNOTATION: f"floor-{item.name}"})
-        await kube.apply_configmap(owned(item.configmap, owner), force=True)
+        meta = item.configmap["metadata"]
+        await kube.patch_configmap(meta["namespace"], meta["name"], {"binaryData": item.added})
         await kube.apply_rayservice(owned(item.rayservice, owner), force=True)
         await kube.patch_servegraph_status(item.namespace, item.name, item.body["metadata"]["uid"], item.status)
         await kube.post_event(

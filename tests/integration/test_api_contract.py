@@ -290,20 +290,27 @@ async def test_absent_objects_read_as_none_or_not_found(backend: Backend) -> Non
     assert await refused(backend.api.read_configmap_key(ns, "absent", "k")) == ("NotFound", 404)
 
 
-async def test_a_configmap_apply_merges_keys_by_manager(backend: Backend) -> None:
+async def test_a_configmap_is_created_once_and_merge_patched_only_over_the_version_given(backend: Backend) -> None:
     ns = backend.namespace
     k1, k2, k3 = (base64.b64encode(x).decode() for x in (b"one", b"two", b"three"))
-    first = await backend.api.apply_configmap(configmap(ns, binaryData={"k1": k1}), force=False)
+    first = await backend.api.create_configmap(configmap(ns, binaryData={"k1": k1}))
     assert "generation" not in first["metadata"]
-    assert await backend.api.apply_configmap(configmap(ns, binaryData={"k1": k1}), force=False) == first
-    await backend.apply_as("kubectl", configmap(ns, binaryData={"k2": k2}, data={"x": "y"}))
-    kept = await backend.api.apply_configmap(configmap(ns, binaryData={"k3": k3}), force=False)
-    assert (kept["binaryData"], kept["data"]) == ({"k2": k2, "k3": k3}, {"x": "y"})
-    assert owners(kept) == {OURS: {".binaryData.k3"}, THEIRS: {".binaryData.k2", ".data.x"}}
-    clash = configmap(ns, binaryData={"k3": k1})
-    assert await refused(backend.apply_as("kubectl", clash)) == ("Conflict", 409)
+    again = backend.api.create_configmap(configmap(ns, binaryData={"k2": k2}))
+    assert await refused(again) == ("AlreadyExists", 409)
+    change = {"metadata": {"resourceVersion": rv(first)}, "binaryData": {"k2": k2, "k1": None}}
+    patched = await backend.api.patch_configmap(ns, "kept", change)
+    assert patched["binaryData"] == {"k2": k2} and rv(patched) != rv(first)
+    stale = {"metadata": {"resourceVersion": rv(first)}, "binaryData": {"k3": k3}}
+    assert await refused(backend.api.patch_configmap(ns, "kept", stale)) == ("Conflict", 409)
+    assert await refused(backend.api.patch_configmap(ns, "absent", stale)) == ("NotFound", 404)
+    await backend.apply_as("kubectl", configmap(ns, data={"x": "y"}))
+    assert await refused(
+        backend.api.patch_configmap(ns, "kept", {**stale, "metadata": {"resourceVersion": rv(patched)}})
+    ) == ("Conflict", 409)
+    kept = await backend.api.get_configmap(ns, "kept") or {}
+    assert (kept["binaryData"], kept["data"]) == ({"k2": k2}, {"x": "y"}), "the refused patches left nothing"
     assert await backend.api.read_configmap_key(ns, "kept", "x") == "y"
-    assert await refused(backend.api.read_configmap_key(ns, "kept", "k1")) == ("KeyNotFound", None)
+    assert await refused(backend.api.read_configmap_key(ns, "kept", "k2")) == ("KeyNotFound", None)
 
 
 async def test_owner_references_merge_by_uid_and_two_controllers_are_invalid(backend: Backend) -> None:

@@ -161,8 +161,11 @@ class EditAfterRead:
         await self.edit()
         return got
 
-    async def apply_configmap(self, manifest: Any, force: bool = True) -> dict[str, Any]:
-        return await self.client.apply_configmap(manifest, force)
+    async def create_configmap(self, manifest: Any) -> dict[str, Any]:
+        return await self.client.create_configmap(manifest)
+
+    async def patch_configmap(self, namespace: str, name: str, patch: Any) -> dict[str, Any]:
+        return await self.client.patch_configmap(namespace, name, patch)
 
 
 OWNER_UID = "0b5e4f3a-0000-4000-8000-00000000c0de"
@@ -242,3 +245,40 @@ async def test_a_store_configmap_whose_owner_changes_between_the_check_and_the_w
     cm = await admin.get_configmap(namespace, name) or {}
     assert not cm["metadata"].get("ownerReferences") and cm["data"] == {"x": "theirs"}
     assert sorted(cm["binaryData"]) == [d1], "the refused write left nothing"
+
+
+async def test_a_store_configmap_changed_after_the_store_wrote_it_is_read_before_it_is_written_again(
+    control_plane: ControlPlane, admin_api: Any, api_client_for: Any, namespace: str
+) -> None:
+    """The store writes unread over the version it wrote last: the real API server refuses that
+    patch once anyone changed the ConfigMap, and the store reads it and decides again."""
+    bind_operator_rbac(control_plane)
+    operator_client = KubeClient(await api_client_for(OPERATOR_USER))
+    admin = KubeClient(admin_api)
+    one, two, three = b"graph one", b"graph two", b"graph three"
+    d1, d2, d3 = (hashlib.sha256(x).hexdigest() for x in (one, two, three))
+    kept, known = await store.keep(operator_client, namespace, "g", owner(), [d1], {d1: one}, exists=False)
+    kept, known = await store.keep(operator_client, namespace, "g", owner(), [d2, d1], {d2: two}, known=known)
+    name = store.store_name("g")
+    assert sorted((await admin.get_configmap(namespace, name) or {})["binaryData"]) == sorted([d1, d2]) == sorted(kept)
+
+    # A label added by hand: still ours, written after a read.
+    await client.CoreV1Api(admin_api).patch_namespaced_config_map(
+        name, namespace, {"metadata": {"labels": {"team": "a"}}}
+    )
+    kept, stale = await store.keep(operator_client, namespace, "g", owner(), [d3, d2, d1], {d3: three}, known=known)
+    assert sorted(kept) == sorted([d1, d2, d3])
+    cm = await admin.get_configmap(namespace, name) or {}
+    assert sorted(cm["binaryData"]) == sorted(kept) and cm["metadata"]["labels"]["team"] == "a"
+
+    # Taken over by hand after that write: the unread patch is refused, the read finds it not ours.
+    await client.CoreV1Api(admin_api).patch_namespaced_config_map(
+        name,
+        namespace,
+        [{"op": "remove", "path": "/metadata/ownerReferences"}],
+        _content_type="application/json-patch+json",
+    )
+    with pytest.raises(KubeError) as info:
+        await store.keep(operator_client, namespace, "g", owner(), [d1, d3], {d1: one}, known=stale)
+    assert info.value.status == 409 and "does not own it" in str(info.value)
+    assert sorted((await admin.get_configmap(namespace, name) or {})["binaryData"]) == sorted(kept)

@@ -74,7 +74,14 @@ class MemoryApiServer:
         return data
 
     def writes(self) -> list[str]:
-        writes = {"apply_rayservice", "delete_rayservice", "patch_servegraph_status", "post_event", "apply_configmap"}
+        writes = {
+            "apply_rayservice",
+            "delete_rayservice",
+            "patch_servegraph_status",
+            "post_event",
+            "create_configmap",
+            "patch_configmap",
+        }
         return [c for c in self.calls if c in writes]
 
     def _call(self, method: str) -> None:
@@ -131,7 +138,7 @@ class MemoryApiServer:
     def _precondition(self, manifest: Mapping[str, Any], existing: Mapping[str, Any] | None) -> None:
         """An apply carrying metadata.resourceVersion writes only that version of an existing
         object; one that does not exist is created (the API server ignores it then)."""
-        wanted = manifest["metadata"].get("resourceVersion")
+        wanted = (manifest.get("metadata") or {}).get("resourceVersion")
         if wanted is None or existing is None:
             return
         if existing["metadata"].get("resourceVersion") != wanted:
@@ -147,14 +154,25 @@ class MemoryApiServer:
         obj = apply(copy.deepcopy(existing), manifest, manager, force, defaults)
         return self._commit(manifest["kind"], key, existing, obj)
 
+    def create_as(self, manager: str, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """A create (POST) by `manager`: 409 AlreadyExists when one of that name exists."""
+        meta = manifest["metadata"]
+        key = (meta["namespace"], meta["name"])
+        store, _, defaults = self._kind(manifest["kind"])
+        if key in store:
+            raise KubeError("AlreadyExists", f'{manifest["kind"]} "{key[1]}" already exists', 409)
+        return self._commit(manifest["kind"], key, None, update(None, manifest, manager, defaults=defaults))
+
     def update_as(
         self, manager: str, kind: str, key: Key, patch: Mapping[str, Any], subresource: str | None = None
     ) -> dict[str, Any]:
-        """A merge patch by `manager` (an update); `subresource="status"` writes only the status."""
+        """A merge patch by `manager` (an update); `subresource="status"` writes only the status.
+        A patch carrying metadata.resourceVersion writes only that version (409 Conflict else)."""
         store, _, defaults = self._kind(kind)
         live = store.get(key)
         if live is None:
             raise KubeError("NotFound", f"{kind} {key[1]} not found", 404)
+        self._precondition(patch, live)
         patched = merge_patch(live, patch)
         new = copy.deepcopy(live)
         if subresource == "status":
@@ -235,9 +253,13 @@ class MemoryApiServer:
         self._call("get_configmap")
         return self._read("get_configmap", self.configmap_objects.get((namespace, name)))
 
-    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
-        self._call("apply_configmap")
-        return self.apply_as(MANAGER, manifest, force)
+    async def create_configmap(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        self._call("create_configmap")
+        return self.create_as(MANAGER, manifest)
+
+    async def patch_configmap(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        self._call("patch_configmap")
+        return self.update_as(MANAGER, "ConfigMap", (namespace, name), patch)
 
     async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None:
         self._call("patch_servegraph_status")

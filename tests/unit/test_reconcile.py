@@ -40,8 +40,10 @@ async def test_first_reconcile_applies_the_rendered_rayservice_and_says_so_once(
     assert stored["metadata"].pop("uid") and stored["metadata"].pop("creationTimestamp")
     rayservice_defaults(expected)  # what KubeRay's schema fills in (numOfHosts, port protocols)
     assert stored == expected
-    # The graph is kept for a later rollback before the RayService is applied.
-    assert c.api.writes() == ["apply_configmap", "apply_rayservice", "patch_servegraph_status", "post_event"]
+    # The graph is kept for a later rollback before the RayService is applied; nothing was kept
+    # before, so the ConfigMap is created without a read.
+    assert c.api.writes() == ["create_configmap", "apply_rayservice", "patch_servegraph_status", "post_event"]
+    assert "get_configmap" not in c.api.calls
     assert c.api.calls.count("read_secret_data") == 1  # read when the download needs it, not watched
     assert [r.token for r in c.registry.requests] == [TOKEN + "\n"]
     status = c.body["status"]

@@ -4,6 +4,7 @@ when the hand edit lands between the operator's check and its write."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 from typing import Any
@@ -169,20 +170,111 @@ async def test_a_store_configmap_taken_over_between_the_check_and_the_write_is_n
     assert sorted(await store.load(c.api, NS, NAME)) == [digest1], "nothing of the refused write landed"
 
 
+def record_store_writes(c: Cluster) -> list[tuple[str, dict[str, Any]]]:
+    """Every create and patch the store sends, as sent."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+    create, patch = c.api.create_configmap, c.api.patch_configmap
+
+    async def recorded_create(manifest: Any) -> dict[str, Any]:
+        sent.append(("create", copy.deepcopy(dict(manifest))))
+        return await create(manifest)
+
+    async def recorded_patch(namespace: str, name: str, body: Any) -> dict[str, Any]:
+        sent.append(("patch", copy.deepcopy(dict(body))))
+        return await patch(namespace, name, body)
+
+    c.api.create_configmap = recorded_create  # type: ignore[method-assign]
+    c.api.patch_configmap = recorded_patch  # type: ignore[method-assign]
+    return sent
+
+
 async def test_the_store_writes_over_its_own_configmap_with_the_version_it_read() -> None:
     c = Cluster()
     one, two = graphs(b"one"), graphs(b"two")
     await store.keep(c.api, NS, NAME, OWNER, [*one], one)
     version = c.api.configmap_objects[(NS, store.store_name(NAME))]["metadata"]["resourceVersion"]
-    written: list[dict[str, Any]] = []
-    real_apply = c.api.apply_configmap
-
-    async def apply(manifest: Any, force: bool = True) -> dict[str, Any]:
-        written.append(copy.deepcopy(dict(manifest)))
-        return await real_apply(manifest, force)
-
-    c.api.apply_configmap = apply  # type: ignore[method-assign]
-    kept = await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two)
+    sent = record_store_writes(c)
+    kept, _ = await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two)
     assert sorted(kept) == sorted([*one, *two])
     assert sorted(await store.load(c.api, NS, NAME)) == sorted(kept)
-    assert written[0]["metadata"]["resourceVersion"] == version
+    ((verb, body),) = sent
+    assert verb == "patch" and body["metadata"]["resourceVersion"] == version
+    assert list(body["binaryData"]) == list(two), "only the new graph is sent"
+
+
+async def test_the_store_creates_unread_and_then_writes_only_changes_over_what_it_wrote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = Cluster()
+    one, two, three = graphs(b"one"), graphs(b"two"), graphs(b"three" * 100)
+    sent = record_store_writes(c)
+    kept, known = await store.keep(c.api, NS, NAME, OWNER, [*one], one, exists=False)
+    assert kept == [*one] and known is not None and dict(known.sizes) == {next(iter(one)): 3}
+    kept, known = await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two, known=known)
+    assert sorted(kept) == sorted([*one, *two])
+    # A third graph the budget only fits beside the newest: the oldest is dropped by a null.
+    monkeypatch.setattr(store, "BUDGET", 503)
+    kept, known = await store.keep(c.api, NS, NAME, OWNER, [*three, *two, *one], three, known=known)
+    assert kept == [*three, *two]
+    assert "get_configmap" not in c.api.calls, "never read"
+    assert [verb for verb, _ in sent] == ["create", "patch", "patch"]
+    assert sent[2][1]["binaryData"] == {
+        next(iter(three)): base64.b64encode(b"three" * 100).decode(),
+        **dict.fromkeys(one),
+    }
+    assert sorted(await store.load(c.api, NS, NAME)) == sorted(kept)
+    assert known is not None
+    again, same = await store.keep(c.api, NS, NAME, OWNER, [*three, *two], {}, known=known)
+    assert (again, same, len(sent)) == (kept, known, 3), "nothing changed: nothing written"
+
+
+async def test_the_store_reads_again_when_its_configmap_changed_or_went_since_it_wrote() -> None:
+    c = Cluster()
+    one, two, three = graphs(b"one"), graphs(b"two"), graphs(b"three")
+    where = (NS, store.store_name(NAME))
+    _, known = await store.keep(c.api, NS, NAME, OWNER, [*one], one, exists=False)
+    cm = c.api.configmap_objects[where]
+    cm["metadata"]["labels"]["team"] = "a"  # a harmless hand edit: still ours
+    c.api.edit(cm)
+    kept, known = await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two, known=known)
+    assert sorted(kept) == sorted([*one, *two]) and c.api.calls.count("get_configmap") == 1
+    assert c.api.configmap_objects[where]["metadata"]["labels"]["team"] == "a"
+    del c.api.configmap_objects[where]  # deleted by hand: made again from what the store still has
+    kept, known = await store.keep(c.api, NS, NAME, OWNER, [*three, *two, *one], three, known=known)
+    assert kept == [*three] and sorted(await store.load(c.api, NS, NAME)) == [*three]
+    # Known for another ServeGraph of the same name (deleted and made again): read first.
+    reads = c.api.calls.count("get_configmap")
+    other = {**OWNER, "uid": "uid-2"}
+    with pytest.raises(KubeError) as info:
+        await store.keep(c.api, NS, NAME, other, [*one, *three], one, known=known)
+    assert info.value.status == 409 and c.api.calls.count("get_configmap") == reads + 1
+    assert sorted(await store.load(c.api, NS, NAME)) == [*three], "the other ServeGraph's store stands"
+
+
+async def test_a_store_taken_over_after_the_store_wrote_it_is_not_written_unread() -> None:
+    c = Cluster()
+    one, two = graphs(b"one"), graphs(b"two")
+    where = (NS, store.store_name(NAME))
+    _, known = await store.keep(c.api, NS, NAME, OWNER, [*one], one, exists=False)
+    cm = c.api.configmap_objects[where]
+    cm["metadata"]["ownerReferences"] = [dict(HAND_OWNER)]
+    c.api.edit(cm)
+    with pytest.raises(KubeError) as info:
+        await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two, known=known)
+    assert info.value.status == 409
+    assert c.api.calls.count("patch_configmap") == 1, "the one refused for its version, none after the read"
+    assert sorted(await store.load(c.api, NS, NAME)) == [*one]
+
+
+async def test_a_store_created_unread_over_an_existing_one_reads_it_and_drops_what_is_not_a_graph() -> None:
+    c = Cluster()
+    one, two = graphs(b"one"), graphs(b"two")
+    where = (NS, store.store_name(NAME))
+    await store.keep(c.api, NS, NAME, OWNER, [*one], one, exists=False)
+    cm = c.api.configmap_objects[where]
+    cm["binaryData"]["not-a-digest"] = base64.b64encode(b"x").decode()
+    c.api.edit(cm)
+    kept, _ = await store.keep(c.api, NS, NAME, OWNER, [*two, *one], two, exists=False)  # a status lost
+    assert sorted(kept) == sorted([*one, *two])
+    assert c.api.calls.count("create_configmap") == 2 and c.api.calls.count("get_configmap") == 1
+    assert sorted(c.api.configmap_objects[where]["binaryData"]) == sorted(kept)

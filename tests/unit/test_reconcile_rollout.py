@@ -168,8 +168,11 @@ async def test_a_kept_graph_read_for_a_pin_is_parsed_once(monkeypatch: pytest.Mo
 
 async def test_the_store_keeps_every_version_of_the_history_and_is_owned_by_the_servegraph() -> None:
     c = await v1_serving()
+    c.api.calls.clear()
     c.publish(mini("2", ["fine"]))
     await c.reconcile()
+    # The publish sent the store only the new graph, over the version it wrote last, unread.
+    assert "get_configmap" not in c.api.calls and c.api.calls.count("patch_configmap") == 1
     cm = c.api.configmap_objects[(NS, store_name(NAME))]
     assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     kept = await load(c.api, NS, NAME)
@@ -199,7 +202,8 @@ async def test_a_configmap_of_the_stores_name_made_by_someone_else_is_not_taken_
     c.publish(mini("1"))
     await c.reconcile()
     assert c.api.configmap_objects[where] == theirs
-    assert "apply_configmap" not in c.api.calls
+    assert c.api.calls.count("create_configmap") == 1, "created unread: AlreadyExists"
+    assert "patch_configmap" not in c.api.calls, "then read, found not ours, and left alone"
     assert ("Warning", "KeepFailed") in [(t, r) for t, r, _ in c.api.events]
     assert c.body["status"]["history"][0]["rollbackAvailable"] is False
     assert c.condition("Applied") == ("True", "UpToDate"), "the RayService is still applied"

@@ -187,7 +187,9 @@ async def test_a_rayservice_made_by_hand_is_not_taken_over() -> None:
     with pytest.raises(RetryLater):
         await world.reconciler.reconcile(key)
     assert "apply_rayservice" not in world.api.calls
-    assert "apply_configmap" not in world.api.calls, "no rollout (and no kept graph) for someone else's RayService"
+    assert not {"create_configmap", "patch_configmap"} & set(world.api.calls), (
+        "no rollout (and no kept graph) for someone else's RayService"
+    )
     assert world.api.rayservices[(NS, "mini")] == hand_made
     ready = world.condition(key, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "Conflict")

@@ -114,6 +114,7 @@ async def _raw(call: Awaitable[Any], what: str, decode: bool = True) -> Any:
 
 
 APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 
 
 def _applying(force: bool) -> dict[str, str]:
@@ -275,7 +276,7 @@ class KubeClient:
                 PLURAL,
                 name,
                 body={"metadata": {"annotations": dict(annotations)}},
-                _content_type="application/merge-patch+json",
+                _content_type=MERGE,
                 _preload_content=False,
                 _request_timeout=self.timeout_s,
             ),
@@ -314,16 +315,20 @@ class KubeClient:
             raise
         return obj
 
-    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
-        """Server-side apply of a ConfigMap the operator owns (the kept graphs). Without
-        `force`, one someone else wrote meanwhile answers 409 Conflict."""
+    async def create_configmap(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a ConfigMap (the kept graphs); one of that name answers 409 AlreadyExists."""
         meta = manifest["metadata"]
-        what = f"apply ConfigMap {meta['namespace']}/{meta['name']}"
+        what = f"create ConfigMap {meta['namespace']}/{meta['name']}"
         self._fence(what)
-        obj: dict[str, Any] = await self._call(
-            "PATCH", _configmap_path(meta["namespace"], meta["name"]), what, manifest, APPLY, _applying(force)
-        )
-        return obj
+        path = _configmap_path(meta["namespace"], "").rstrip("/")
+        return dict(await self._call("POST", path, what, manifest, query={"fieldManager": FIELD_MANAGER}))
+
+    async def patch_configmap(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch; its metadata.resourceVersion is its precondition (409 Conflict)."""
+        what = f"patch ConfigMap {namespace}/{name}"
+        self._fence(what)
+        query = {"fieldManager": FIELD_MANAGER}
+        return dict(await self._call("PATCH", _configmap_path(namespace, name), what, patch, MERGE, query))
 
     async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: str) -> None:
         """A core/v1 Event on the ServeGraph; failures to post are not fatal."""

@@ -24,6 +24,7 @@ from servegraph.dag.model import Graph
 from servegraph.names import Key
 from servegraph.operator.apply.drift import Desired, Live
 from servegraph.operator.packed import pack, unpack
+from servegraph.operator.rollout.store import Stored
 from servegraph.operator.spec import Source
 from servegraph.operator.status.report import GoodGraph
 
@@ -66,6 +67,8 @@ class Memory:
     keeps its bytes (`good.data()`, no second copy held meanwhile)."""
     target: GoodGraph | None = None
     """The graph the rollout runs (the candidate, or a kept one: rollback, pin)."""
+    stored: Stored | None = None
+    """The rollback store's ConfigMap as last written: its next write needs no read first."""
     desired: Desired | None = None
     conditions: dict[str, str] = field(default_factory=dict)
     """Condition type → status as last written, for the metrics."""

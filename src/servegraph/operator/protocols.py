@@ -26,11 +26,13 @@ class RayServiceApi(Protocol):
 
 
 class ConfigMapApi(Protocol):
-    """The rollback store's ConfigMap: read whole, server-side apply (operator/rollout/store.py)."""
+    """The rollback store's ConfigMap: read whole, create, merge patch (operator/rollout/store.py)."""
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-    async def apply_configmap(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
+    async def create_configmap(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def patch_configmap(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 class ConfigMapKeys(Protocol):

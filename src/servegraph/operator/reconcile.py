@@ -282,7 +282,7 @@ class Reconciler:
                 return live, clash, decision, target, out
             step = "rollout"
             may_write = lambda: self._current(key, body)  # noqa: E731
-            target, decision, found = await self.rollouts.plan(
+            target, decision, memory.stored, found = await self.rollouts.plan(
                 body, memory, spec.rollout, spec.source.url, live, may_write
             )
             out = out.then(found)

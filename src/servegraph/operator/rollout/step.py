@@ -73,10 +73,11 @@ class Rollouts:
         source_url: str,
         live: Live | None,
         may_write: Callable[[], bool] = lambda: True,
-    ) -> tuple[GoodGraph | None, Decision, Outcome]:
-        """(the graph to render and apply, the decision to report, what the step found).
-        `may_write` is asked before the store is written (the ServeGraph may have gone meanwhile).
-        Reads `memory`, never writes it: what the reconcile remembers is its to record."""
+    ) -> tuple[GoodGraph | None, Decision, store.Stored | None, Outcome]:
+        """(the graph to render and apply, the decision to report, the store as now written,
+        what the step found). `may_write` is asked before the store is written (the ServeGraph
+        may have gone meanwhile). Reads `memory`, never writes it: what the reconcile remembers
+        is its to record."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         status = suspension.resume(body.get("status") or {}, self.clock())  # a rollout's clock runs again
@@ -97,8 +98,9 @@ class Rollouts:
             log.info("[%s/%s] rollout of %s: %s", ns, name, (decision.rollout or {}).get("version"), decision.outcome)
         self._count(ns, name, decision, current, memory)
         started = decision.history and "rollbackAvailable" not in decision.history[0]
+        stored = memory.stored
         if started:
-            decision, keeping = await self._keep(body, memory, decision, may_write)
+            decision, stored, keeping = await self._keep(body, memory, decision, may_write)
             found = found.then(keeping)
         target, loading = await self._graph(memory, ns, name, decision.target)
         found = found.then(loading)
@@ -114,7 +116,7 @@ class Rollouts:
                     )
                 )
             )
-        return target, decision, found
+        return target, decision, stored, found
 
     async def _graph(self, memory: Memory, ns: str, name: str, digest: str | None) -> tuple[GoodGraph | None, Outcome]:
         if digest is None:
@@ -150,26 +152,37 @@ class Rollouts:
 
     async def _keep(
         self, body: Mapping[str, Any], memory: Memory, decision: Decision, may_write: Callable[[], bool]
-    ) -> tuple[Decision, Outcome]:
+    ) -> tuple[Decision, store.Stored | None, Outcome]:
         """Store the new version's graph (and keep the others of the history): the decision
-        with each history entry marked kept or not, and a Warning when the store failed."""
+        with each history entry marked kept or not, the store as now written, and a Warning
+        when the store failed (forgotten then: read before its next write)."""
         meta = body["metadata"]
         new = {}
         if memory.good is not None and memory.unkept:
             new[memory.good.digest] = memory.good.data()
         ready = [h["digest"] for h in decision.history if h.get("readyAt")]
         order = [*ready[:1], *kept_digests(decision.history)]
+        exists = any(h.get("rollbackAvailable") for h in decision.history)  # else created without a read
         found = Outcome()
+        stored = None
         try:
-            kept = await store.keep(
-                self.api, meta["namespace"], meta["name"], owner_reference(body), order, new, may_write
+            kept, stored = await store.keep(
+                self.api,
+                meta["namespace"],
+                meta["name"],
+                owner_reference(body),
+                order,
+                new,
+                may_write,
+                memory.stored,
+                exists,
             )
         except KubeError as exc:
             log.warning("[%s/%s] cannot keep graphs for rollback: %s", meta["namespace"], meta["name"], exc)
             kept = []
             found = Outcome(events=(Event("Warning", "KeepFailed", f"cannot keep graphs for rollback: {exc}"),))
         history = [{**entry, "rollbackAvailable": entry["digest"] in kept} for entry in decision.history]
-        return replace(decision, history=history), found
+        return replace(decision, history=history), stored, found
 
 
 def with_upgrade(decision: Decision, kind: str) -> Decision:

@@ -11,10 +11,16 @@ all others. A graph that does not fit is not kept, and its history entry says so
 The store writes only a ConfigMap its ServeGraph controls (owner reference with its
 uid), or creates one where there is none: a ConfigMap of that name someone else made
 is not taken over (`KubeError` Conflict; the rollout goes on without kept graphs).
-Ownership is decided on the ConfigMap as read, and the write carries that read's
-resourceVersion: if anyone changes it in between (an owner reference edited by hand),
-the API server refuses the write (409) rather than the store overwriting it.
 Reading is safe whoever wrote it: each graph is checked against its sha256 key.
+
+It writes without reading first. What it last wrote or read is remembered (`Stored`: the
+ConfigMap's resourceVersion and the size of each graph in it), and a change is sent as a
+merge patch of just that change (the new graph, null for each one dropped) with that
+resourceVersion as its precondition: if anyone changed the ConfigMap since (an owner
+reference edited, a key added, the ConfigMap deleted), the API server refuses it (409,
+404) and the store reads it and decides again, ownership first. A ServeGraph whose status
+says nothing is kept yet has its ConfigMap created without a read (409 AlreadyExists: read).
+So a create or a publish costs one write, not a read of every kept graph and a write.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from servegraph.kube import KubeError
@@ -43,41 +50,52 @@ def store_name(servegraph: str) -> str:
     return f"{servegraph[: MAX_NAME - len(SUFFIX) - 9]}-{digest}{SUFFIX}"
 
 
-def choose(order: Sequence[str], graphs: Mapping[str, bytes], budget: int = BUDGET) -> list[str]:
-    """The digests to keep: in `order` (most wanted first) while they fit the budget."""
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """The ConfigMap as the store last wrote or read it: the precondition of its next write,
+    and digest → size of each graph in it (what `choose` needs; the bytes are not held)."""
+
+    owner: str
+    """The uid of the ServeGraph it was written for: a ServeGraph made again under the same
+    name never writes over its predecessor's (the garbage collector's) ConfigMap unread."""
+    resource_version: str
+    sizes: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, owner: Mapping[str, Any], cm: Mapping[str, Any], sizes: Mapping[str, int]) -> Stored:
+        return cls(str(owner.get("uid")), str(cm["metadata"]["resourceVersion"]), tuple(sorted(sizes.items())))
+
+
+def choose(order: Sequence[str], sizes: Mapping[str, int], budget: int = BUDGET) -> list[str]:
+    """The digests to keep: in `order` (most wanted first) while their sizes fit the budget."""
     kept: list[str] = []
     used = 0
     for digest in dict.fromkeys(order):
-        data = graphs.get(digest)
-        if data is None or used + len(data) > budget:
+        size = sizes.get(digest)
+        if size is None or used + size > budget:
             continue
         kept.append(digest)
-        used += len(data)
+        used += size
     return kept
 
 
-def manifest(
-    namespace: str,
-    servegraph: str,
-    owner: Mapping[str, Any],
-    graphs: Mapping[str, bytes],
-    resource_version: str | None = None,
-) -> dict[str, Any]:
-    """The ConfigMap to apply; with `resource_version`, applied only over that version of it."""
-    metadata: dict[str, Any] = {
-        "name": store_name(servegraph),
-        "namespace": namespace,
-        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
-        "ownerReferences": [dict(owner)],
-    }
-    if resource_version is not None:
-        metadata["resourceVersion"] = resource_version
+def manifest(namespace: str, servegraph: str, owner: Mapping[str, Any], graphs: Mapping[str, bytes]) -> dict[str, Any]:
+    """The ConfigMap to create."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata,
-        "binaryData": {d: base64.b64encode(graphs[d]).decode() for d in sorted(graphs)},
+        "metadata": {
+            "name": store_name(servegraph),
+            "namespace": namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+            "ownerReferences": [dict(owner)],
+        },
+        "binaryData": {d: _b64(graphs[d]) for d in sorted(graphs)},
     }
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _graphs(cm: Mapping[str, Any] | None) -> dict[str, bytes]:
@@ -110,25 +128,61 @@ async def keep(
     order: Sequence[str],
     new: Mapping[str, bytes],
     may_write: Callable[[], bool] = lambda: True,
-) -> list[str]:
-    """Store the graphs of `order` (new ones from `new`, the rest as already kept); returns what is kept.
+    known: Stored | None = None,
+    exists: bool = True,
+) -> tuple[list[str], Stored | None]:
+    """Store the graphs of `order` (new ones from `new`, the rest as already kept): (what is
+    kept, the store as now written). `known`: the store as last written (written over
+    unread); `exists` False: nothing was kept for this ServeGraph yet (created unread).
 
     Raises KubeError (Conflict) for a ConfigMap of that name this ServeGraph does not control.
     """
     name = store_name(servegraph)
+    if known is not None and known.owner != owner.get("uid"):
+        known = None
+    if known is not None or not exists:
+        try:
+            return await _write(api, namespace, servegraph, owner, order, new, may_write, known, ())
+        except KubeError as exc:
+            if exc.status not in (404, 409):
+                raise
+            # Changed, deleted or made by someone else since: read it and decide again.
     cm = await api.get_configmap(namespace, name)
-    if cm is not None and _controller_uid(cm) != owner.get("uid"):
+    if cm is None:
+        return await _write(api, namespace, servegraph, owner, order, new, may_write, None, ())
+    if _controller_uid(cm) != owner.get("uid"):
         raise KubeError(
             "Conflict", f"ConfigMap {namespace}/{name} exists and this ServeGraph does not own it; not written", 409
         )
-    current = _graphs(cm)
-    graphs = {**current, **new}
-    kept = choose(order, graphs)
-    if sorted(kept) != sorted(current) and may_write():
-        # Forced only over the version read and checked above (its resourceVersion is the
-        # precondition); created without force: one made meanwhile by someone else answers 409.
-        version = None if cm is None else str((cm.get("metadata") or {}).get("resourceVersion") or "") or None
-        await api.apply_configmap(
-            manifest(namespace, servegraph, owner, {d: graphs[d] for d in kept}, version), force=cm is not None
-        )
-    return kept
+    current = {d: len(data) for d, data in _graphs(cm).items()}
+    stray = [key for key in cm.get("binaryData") or {} if key not in current]  # not a graph it holds: dropped
+    return await _write(api, namespace, servegraph, owner, order, new, may_write, Stored.of(owner, cm, current), stray)
+
+
+async def _write(
+    api: ConfigMapApi,
+    namespace: str,
+    servegraph: str,
+    owner: Mapping[str, Any],
+    order: Sequence[str],
+    new: Mapping[str, bytes],
+    may_write: Callable[[], bool],
+    known: Stored | None,
+    stray: Sequence[str],
+) -> tuple[list[str], Stored | None]:
+    """Create the ConfigMap (`known` None) or patch it over `known`; nothing when nothing changes."""
+    current = dict(known.sizes) if known is not None else {}
+    kept = choose(order, {**current, **{d: len(data) for d, data in new.items()}}, BUDGET)
+    added = [d for d in kept if d not in current]
+    dropped = [*(d for d in current if d not in kept), *stray]
+    if not (added or dropped) or not may_write():
+        return [d for d in kept if d in current], known
+    sizes = {d: current[d] if d in current else len(new[d]) for d in kept}
+    if known is None:
+        created = await api.create_configmap(manifest(namespace, servegraph, owner, {d: new[d] for d in kept}))
+        return kept, Stored.of(owner, created, sizes)
+    change: dict[str, str | None] = {d: _b64(new[d]) for d in added}
+    change.update(dict.fromkeys(dropped))
+    patch = {"metadata": {"resourceVersion": known.resource_version}, "binaryData": change}
+    patched = await api.patch_configmap(namespace, store_name(servegraph), patch)
+    return kept, Stored.of(owner, patched, sizes)
