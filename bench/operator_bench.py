@@ -526,7 +526,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 results["rss_after_mib"] = rss_mib(op.pid)
                 async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
                     results["metrics_sample"] = [
-                        line for line in (await r.text()).splitlines() if line.startswith("servegraph_api_writes_total")
+                        line
+                        for line in (await r.text()).splitlines()
+                        if line.startswith(("servegraph_api_writes_total", "servegraph_reconciles_total"))
                     ]
         finally:
             await fast.close()

@@ -89,6 +89,7 @@ async def test_every_application_running_makes_ready_true() -> None:
             }
         }
     }
+    c.api.rayservices[KEY]["metadata"]["resourceVersion"] = c.api.next_version()  # KubeRay's status write
     c.watch_rayservice()
     await c.reconcile()
     assert c.condition("Ready") == ("True", "AllApplicationsRunning")
@@ -120,6 +121,7 @@ async def test_a_first_cluster_that_cannot_schedule_its_replicas_is_named_in_rea
             },
         },
     }
+    rs["metadata"]["resourceVersion"] = c.api.next_version()
     c.watch_rayservice()
     await c.reconcile()
     why = f'application "sentiment": deployment "tokenizer": {unscheduled}'
@@ -207,6 +209,7 @@ async def test_an_edited_rayservice_is_put_back() -> None:
     c = Cluster()
     await c.started()
     c.api.rayservices[KEY]["spec"]["serveConfigV2"] = "applications: []\n"
+    c.api.edit(c.api.rayservices[KEY])
     c.watch_rayservice()
     await c.reconcile()
     assert c.api.writes() == ["apply_rayservice", "post_event"]

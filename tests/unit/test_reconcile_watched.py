@@ -82,3 +82,70 @@ async def test_after_a_refused_create_the_rayservice_is_read_not_taken_as_absent
     assert c.api.calls.count("get_rayservice") == 1 and "apply_rayservice" not in c.api.calls
     assert c.api.rayservices[KEY] == HAND_MADE
     assert c.condition("Applied") == ("False", "Conflict")
+
+
+# -- the watch delivering back what the operator just wrote ---------------------------------------
+
+
+def versioned() -> Cluster:
+    c = watched()
+    c.body["metadata"]["resourceVersion"] = "1"
+    return c
+
+
+async def drain(c: Cluster) -> list[tuple[str, str]]:
+    """The keys queued, taken off the queue."""
+    keys = []
+    while len(c.queue):
+        key = await c.queue.get()
+        c.queue.done(key)
+        keys.append(key)
+    return keys
+
+
+async def test_the_watch_delivering_back_what_a_reconcile_wrote_queues_no_reconcile() -> None:
+    c = versioned()
+    c.watch_servegraph()
+    await drain(c)
+    await c.reconcile()
+    assert c.body["metadata"]["resourceVersion"] != "1", "the status write moved the version"
+    c.watch_servegraph()  # our status write, delivered back
+    c.watch_rayservice()  # our apply's answer, delivered back
+    assert await drain(c) == [], "both versions were held already: nothing to reconcile"
+    assert c.reconciler.cache.body(KEY) == {k: v for k, v in c.body.items()}, "the body held is that version"
+
+
+async def test_a_change_delivered_after_a_write_is_reconciled() -> None:
+    c = versioned()
+    c.watch_servegraph()
+    await c.reconcile()
+    await drain(c)
+    c.body["metadata"]["annotations"] = {"team": "a"}
+    c.body["metadata"]["resourceVersion"] = c.api.next_version()
+    c.watch_servegraph()
+    rs = c.api.rayservices[KEY]
+    rs["metadata"]["labels"]["team"] = "a"
+    c.api.edit(rs)  # a hand edit: a new version of the RayService
+    c.watch_rayservice()
+    assert await drain(c) == [KEY]
+
+
+async def test_a_change_that_landed_before_the_status_write_is_reconciled_when_its_version_comes_back() -> None:
+    """The status write answers the object with a change made meanwhile (a new annotation, say)
+    that the reconcile did not see: that version is not held, so its delivery is reconciled,
+    even when the watch delivers only it (kopf hands a handler the newest of close events)."""
+    c = versioned()
+    c.watch_servegraph()
+    await drain(c)
+    real_patch = c.api.patch_servegraph_status
+
+    async def changed_meanwhile(*args: Any) -> dict[str, Any] | None:
+        c.body["metadata"]["annotations"] = {"servegraph.io/refresh": "2"}
+        return await real_patch(*args)
+
+    c.api.patch_servegraph_status = changed_meanwhile  # type: ignore[method-assign]
+    await c.reconcile()
+    c.watch_servegraph()
+    assert await drain(c) == [KEY]
+    body = c.reconciler.cache.body(KEY)
+    assert body is not None and body["metadata"]["annotations"] == {"servegraph.io/refresh": "2"}

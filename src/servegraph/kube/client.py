@@ -244,13 +244,13 @@ class KubeClient:
             if exc.status != 404:
                 raise
 
-    async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None:
-        """Write the whole status of the ServeGraph with this uid, and of no other.
-
-        A JSON patch whose first operation tests metadata.uid: the API server refuses
-        it (raised as KubeError Replaced) if the name now belongs to a new object, or
-        (NotFound) if it is gone. A merge patch's metadata.uid is ignored on /status.
-        """
+    async def patch_servegraph_status(
+        self, namespace: str, name: str, uid: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Write the whole status of the ServeGraph with this uid, and of no other; returns the
+        object as written. A JSON patch whose first operation tests metadata.uid: the API server
+        refuses it (raised as KubeError Replaced) if the name now belongs to a new object, or
+        (NotFound) if it is gone. A merge patch's metadata.uid is ignored on /status."""
         what = f"patch status of ServeGraph {namespace}/{name}"
         self._fence(what)
         ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
@@ -259,12 +259,13 @@ class KubeClient:
         ops.append({"op": "add", "path": "/status", "value": status})
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/{PLURAL}/{quote(name)}/status"
         try:
-            await self._call("PATCH", path, what, ops, "application/json-patch+json", decode=False)
+            written: dict[str, Any] | None = await self._call("PATCH", path, what, ops, "application/json-patch+json")
         except KubeError as exc:
             if exc.status == 422 and str(exc).endswith(_PRECONDITION):
                 moved = ", or moved to another shard" if self.shard is not None else ""
                 raise KubeError("Replaced", f"{what}: it was deleted and created again{moved}", 409) from None
             raise
+        return written
 
     async def annotate_servegraph(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         """The events endpoint's write: any replica may make it (the leader's watch sees it)."""

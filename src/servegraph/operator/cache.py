@@ -120,12 +120,36 @@ class WatchCache:
         self._bodies[key] = _Held(head, None if status is None else pack(status))
         return key
 
-    def put_status(self, key: Key, uid: str, status: Mapping[str, Any]) -> None:
+    def put_status(
+        self, key: Key, uid: str, status: Mapping[str, Any], written: Mapping[str, Any] | None = None
+    ) -> None:
         """The status the operator just wrote, kept until the watch delivers the object with
-        it. The cached body is replaced, never edited: a reconcile may be holding it."""
+        it. The cached body is replaced, never edited: a reconcile may be holding it.
+
+        `written`, the object as the write answered: when nothing but its status and version
+        differ from the body held, it is held as that version, and the watch delivering it
+        back (`holds_servegraph`) queues no reconcile. Anything else changed meanwhile, the
+        body held keeps its version and the watch's delivery is reconciled as any other."""
         held = self._bodies.get(key)
-        if held is not None and held.head["metadata"].get("uid") == uid:
-            self._bodies[key] = _Held(held.head, pack(status))
+        if held is None or held.head["metadata"].get("uid") != uid:
+            return
+        head = held.head
+        if written is not None:
+            new = _slim(written)
+            new.pop("status", None)
+            version = (new.get("metadata") or {}).get("resourceVersion")
+            if version is not None and _unversioned(new) == _unversioned(head):
+                head = new
+        self._bodies[key] = _Held(head, pack(status))
+
+    def holds_servegraph(self, key: Key, resource_version: str | None) -> bool:
+        """Whether the body held is that version of the ServeGraph (then a delivery of it changes nothing)."""
+        held = self._bodies.get(key)
+        return (
+            resource_version is not None
+            and held is not None
+            and (held.head["metadata"].get("resourceVersion") == resource_version)
+        )
 
     def forget_servegraph(self, key: Key) -> None:
         self._bodies.pop(key, None)
@@ -174,6 +198,11 @@ class WatchCache:
             self._rayservices.pop(rayservice, None)
         else:
             self._rayservices[rayservice] = live
+
+    def holds_rayservice(self, rayservice: Key, resource_version: str | None) -> bool:
+        """Whether the record held was made from that version of the RayService."""
+        live = self._rayservices.get(rayservice)
+        return isinstance(live, Live) and resource_version is not None and live.resource_version == resource_version
 
     def rayservice(self, rayservice: Key) -> Live | Unseen | None:
         return self._rayservices.get(rayservice, UNSEEN)
@@ -228,6 +257,11 @@ class WatchCache:
         while self._graph_nodes > PARSED_NODES and len(self._graphs) > 1:
             _, dropped = self._graphs.popitem(last=False)
             self._graph_nodes -= dropped.node_count
+
+
+def _unversioned(head: Mapping[str, Any]) -> dict[str, Any]:
+    meta = head.get("metadata") or {}
+    return {**head, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
 
 
 def _slim(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,9 @@ class ApiServer(RayServiceApi, ConfigMapApi, ConfigMapKeys, Protocol):
     `servegraph.kube.KubeClient` is the real one. Failures raise `KubeError`.
     """
 
-    async def patch_servegraph_status(self, namespace: str, name: str, uid: str, status: Mapping[str, Any]) -> None: ...
+    async def patch_servegraph_status(
+        self, namespace: str, name: str, uid: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None: ...
 
     async def post_event(
         self, involved: Mapping[str, Any], type_: str, reason: str, message: str, now: str

@@ -118,6 +118,8 @@ class Reconciler:
 
     def servegraph_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if not deleted and self.cache.holds_servegraph(key, body["metadata"].get("resourceVersion")):
+            return  # the version held already (our status write's answer, delivered back)
         if deleted:
             self.cache.forget_servegraph(key)
             self.queue.discard(key)
@@ -133,6 +135,8 @@ class Reconciler:
         meta = body.get("metadata") or {}
         namespace = meta.get("namespace", "")
         where = (namespace, meta.get("name", ""))
+        if not deleted and self.cache.holds_rayservice(where, meta.get("resourceVersion")):
+            return  # the version held already (our apply's answer, delivered back): nothing changed
         owners = [
             (namespace, o.get("name", ""))
             for o in meta.get("ownerReferences") or ()
@@ -351,14 +355,14 @@ class Reconciler:
         self.metrics.observe_status((ns, name), body.get("status") or {}, result.status)
         if result.patch:
             try:
-                await self.api.patch_servegraph_status(ns, name, meta["uid"], result.status)
+                written = await self.api.patch_servegraph_status(ns, name, meta["uid"], result.status)
             except KubeError as exc:
                 if exc.status == 404 or exc.reason == "Replaced":
                     return  # deleted, or deleted and created again, meanwhile
                 log.warning("[%s/%s] status update failed: %s", ns, name, exc)
                 raise RetryLater from None
             self.metrics.writes.labels("status").inc()
-            self.cache.put_status(key, meta["uid"], result.status)
+            self.cache.put_status(key, meta["uid"], result.status, written)
             for c in result.transitions:
                 log.info("[%s/%s] %s=%s %s: %s", ns, name, c["type"], c["status"], c["reason"], c["message"])
         for event in result.events:
