@@ -120,6 +120,19 @@ def _controller_uid(cm: Mapping[str, Any]) -> str | None:
     return next((str(r.get("uid")) for r in refs if r.get("controller")), None)
 
 
+@dataclass(frozen=True, slots=True)
+class _Keep:
+    """One keep: whose store, the graphs wanted (most first), the new ones' bytes, and whether
+    the ServeGraph may still be written for."""
+
+    namespace: str
+    servegraph: str
+    owner: Mapping[str, Any]
+    order: Sequence[str]
+    new: Mapping[str, bytes]
+    may_write: Callable[[], bool]
+
+
 async def keep(
     api: ConfigMapApi,
     namespace: str,
@@ -137,52 +150,48 @@ async def keep(
 
     Raises KubeError (Conflict) for a ConfigMap of that name this ServeGraph does not control.
     """
+    job = _Keep(namespace, servegraph, owner, order, new, may_write)
     name = store_name(servegraph)
     if known is not None and known.owner != owner.get("uid"):
         known = None
     if known is not None or not exists:
         try:
-            return await _write(api, namespace, servegraph, owner, order, new, may_write, known, ())
+            return await _write(api, job, known)
         except KubeError as exc:
             if exc.status not in (404, 409):
                 raise
             # Changed, deleted or made by someone else since: read it and decide again.
     cm = await api.get_configmap(namespace, name)
     if cm is None:
-        return await _write(api, namespace, servegraph, owner, order, new, may_write, None, ())
+        return await _write(api, job, None)
     if _controller_uid(cm) != owner.get("uid"):
         raise KubeError(
             "Conflict", f"ConfigMap {namespace}/{name} exists and this ServeGraph does not own it; not written", 409
         )
     current = {d: len(data) for d, data in _graphs(cm).items()}
     stray = [key for key in cm.get("binaryData") or {} if key not in current]  # not a graph it holds: dropped
-    return await _write(api, namespace, servegraph, owner, order, new, may_write, Stored.of(owner, cm, current), stray)
+    return await _write(api, job, Stored.of(owner, cm, current), stray)
 
 
 async def _write(
-    api: ConfigMapApi,
-    namespace: str,
-    servegraph: str,
-    owner: Mapping[str, Any],
-    order: Sequence[str],
-    new: Mapping[str, bytes],
-    may_write: Callable[[], bool],
-    known: Stored | None,
-    stray: Sequence[str],
+    api: ConfigMapApi, job: _Keep, known: Stored | None, stray: Sequence[str] = ()
 ) -> tuple[list[str], Stored | None]:
     """Create the ConfigMap (`known` None) or patch it over `known`; nothing when nothing changes."""
     current = dict(known.sizes) if known is not None else {}
-    kept = choose(order, {**current, **{d: len(data) for d, data in new.items()}}, BUDGET)
+    new = job.new
+    kept = choose(job.order, {**current, **{d: len(data) for d, data in new.items()}}, BUDGET)
     added = [d for d in kept if d not in current]
     dropped = [*(d for d in current if d not in kept), *stray]
-    if not (added or dropped) or not may_write():
+    if not (added or dropped) or not job.may_write():
         return [d for d in kept if d in current], known
     sizes = {d: current[d] if d in current else len(new[d]) for d in kept}
     if known is None:
-        created = await api.create_configmap(manifest(namespace, servegraph, owner, {d: new[d] for d in kept}))
-        return kept, Stored.of(owner, created, sizes)
+        created = await api.create_configmap(
+            manifest(job.namespace, job.servegraph, job.owner, {d: new[d] for d in kept})
+        )
+        return kept, Stored.of(job.owner, created, sizes)
     change: dict[str, str | None] = {d: _b64(new[d]) for d in added}
     change.update(dict.fromkeys(dropped))
     patch = {"metadata": {"resourceVersion": known.resource_version}, "binaryData": change}
-    patched = await api.patch_configmap(namespace, store_name(servegraph), patch)
-    return kept, Stored.of(owner, patched, sizes)
+    patched = await api.patch_configmap(job.namespace, store_name(job.servegraph), patch)
+    return kept, Stored.of(job.owner, patched, sizes)
