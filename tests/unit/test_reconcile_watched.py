@@ -113,6 +113,11 @@ async def test_the_watch_delivering_back_what_a_reconcile_wrote_queues_no_reconc
     c.watch_rayservice()  # our apply's answer, delivered back
     assert await drain(c) == [], "both versions were held already: nothing to reconcile"
     assert c.reconciler.cache.body(KEY) == {k: v for k, v in c.body.items()}, "the body held is that version"
+    # A re-list (kopf lists again each time its watch ends) delivers both again: reconciled, as
+    # every re-list was before, the pass that also repairs what a watch gap may have hidden.
+    c.watch_servegraph()
+    c.watch_rayservice()
+    assert await drain(c) == [KEY]
 
 
 async def test_a_change_delivered_after_a_write_is_reconciled() -> None:

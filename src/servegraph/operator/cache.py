@@ -103,6 +103,10 @@ class WatchCache:
         before any ServeGraph (handlers.py: kopf's index): then one missing here is absent."""
         # Forgotten after a write found them other than recorded: read again, not taken as absent.
         self._unread: set[Key] = set()
+        # The version each of the operator's last writes answered, until the watch delivers it
+        # back (consumed then: a later delivery of it, a re-list, is handled as any other).
+        self._echo_servegraphs: dict[Key, str] = {}
+        self._echo_rayservices: dict[Key, str] = {}
         # Parsed graphs by sha256 of their bytes, the most recently used first out, up to
         # PARSED_NODES nodes in all: a ServeGraph keeps its graph packed (GoodGraph), and one
         # rendered again soon (a publish, then KubeRay's new cluster) is not parsed again.
@@ -127,9 +131,9 @@ class WatchCache:
         it. The cached body is replaced, never edited: a reconcile may be holding it.
 
         `written`, the object as the write answered: when nothing but its status and version
-        differ from the body held, it is held as that version, and the watch delivering it
-        back (`holds_servegraph`) queues no reconcile. Anything else changed meanwhile, the
-        body held keeps its version and the watch's delivery is reconciled as any other."""
+        differ from the body held, it is held as that version, and the watch's next delivery
+        of that version (`echo_servegraph`) is its own write coming back. Anything else changed
+        meanwhile, the body held keeps its version and that delivery is reconciled."""
         held = self._bodies.get(key)
         if held is None or held.head["metadata"].get("uid") != uid:
             return
@@ -140,19 +144,17 @@ class WatchCache:
             version = (new.get("metadata") or {}).get("resourceVersion")
             if version is not None and _unversioned(new) == _unversioned(head):
                 head = new
+                self._echo_servegraphs[key] = str(version)
         self._bodies[key] = _Held(head, pack(status))
 
-    def holds_servegraph(self, key: Key, resource_version: str | None) -> bool:
-        """Whether the body held is that version of the ServeGraph (then a delivery of it changes nothing)."""
-        held = self._bodies.get(key)
-        return (
-            resource_version is not None
-            and held is not None
-            and (held.head["metadata"].get("resourceVersion") == resource_version)
-        )
+    def echo_servegraph(self, key: Key, resource_version: str | None) -> bool:
+        """Whether this delivery is the operator's own status write coming back, that version
+        held already (then it changes nothing). Asked once per delivery: it consumes the mark."""
+        return resource_version is not None and self._echo_servegraphs.pop(key, None) == resource_version
 
     def forget_servegraph(self, key: Key) -> None:
         self._bodies.pop(key, None)
+        self._echo_servegraphs.pop(key, None)
         self._memory.pop(key, None)
         for rayservice in self._claimed.pop(key, ()):
             del self._claims[rayservice]
@@ -194,15 +196,31 @@ class WatchCache:
     def put_rayservice(self, rayservice: Key, live: Live | None) -> None:
         """What a reconcile needs of a RayService; None once it is deleted (if claimed)."""
         self._unread.discard(rayservice)
+        if live is None:
+            self._echo_rayservices.pop(rayservice, None)
         if live is None and rayservice not in self._claims:
             self._rayservices.pop(rayservice, None)
         else:
             self._rayservices[rayservice] = live
 
-    def holds_rayservice(self, rayservice: Key, resource_version: str | None) -> bool:
-        """Whether the record held was made from that version of the RayService."""
+    def put_applied(self, rayservice: Key, live: Live) -> None:
+        """The record the operator's apply answered: the watch's next delivery of that version
+        (`echo_rayservice`) is the apply coming back."""
+        self.put_rayservice(rayservice, live)
+        if live.resource_version is not None:
+            self._echo_rayservices[rayservice] = live.resource_version
+
+    def echo_rayservice(self, rayservice: Key, resource_version: str | None) -> bool:
+        """Whether this delivery is the operator's own apply coming back, its record held (then
+        it changes nothing). Asked once per delivery: it consumes the mark."""
+        expected = self._echo_rayservices.pop(rayservice, None)
         live = self._rayservices.get(rayservice)
-        return isinstance(live, Live) and resource_version is not None and live.resource_version == resource_version
+        return (
+            resource_version is not None
+            and expected == resource_version
+            and isinstance(live, Live)
+            and live.resource_version == resource_version
+        )
 
     def rayservice(self, rayservice: Key) -> Live | Unseen | None:
         return self._rayservices.get(rayservice, UNSEEN)
@@ -210,6 +228,7 @@ class WatchCache:
     def forget_rayservice(self, rayservice: Key) -> None:
         """Read it again next time (an apply found it other than the cache said)."""
         self._rayservices.pop(rayservice, None)
+        self._echo_rayservices.pop(rayservice, None)
         self._unread.add(rayservice)
 
     def absent(self, rayservice: Key) -> bool:

@@ -118,8 +118,8 @@ class Reconciler:
 
     def servegraph_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        if not deleted and self.cache.holds_servegraph(key, body["metadata"].get("resourceVersion")):
-            return  # the version held already (our status write's answer, delivered back)
+        if not deleted and self.cache.echo_servegraph(key, body["metadata"].get("resourceVersion")):
+            return  # our status write's answer, delivered back: held already
         if deleted:
             self.cache.forget_servegraph(key)
             self.queue.discard(key)
@@ -135,8 +135,8 @@ class Reconciler:
         meta = body.get("metadata") or {}
         namespace = meta.get("namespace", "")
         where = (namespace, meta.get("name", ""))
-        if not deleted and self.cache.holds_rayservice(where, meta.get("resourceVersion")):
-            return  # the version held already (our apply's answer, delivered back): nothing changed
+        if not deleted and self.cache.echo_rayservice(where, meta.get("resourceVersion")):
+            return  # our apply's answer, delivered back: held already
         owners = [
             (namespace, o.get("name", ""))
             for o in meta.get("ownerReferences") or ()

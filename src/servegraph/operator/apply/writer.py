@@ -128,7 +128,7 @@ class RayServiceWriter:
             return Applied(live, _failed("Conflict", changed, events), None, prediction.kind)
         self.metrics.writes.labels("rayservice").inc()
         record = live_record(applied, desired.match_key)
-        self.cache.put_rayservice(where, record)
+        self.cache.put_applied(where, record)
         verb = "created" if live is None else "updated"
         log.info("[%s/%s] %s RayService %s", key[0], key[1], verb, name)
         done = Outcome(
