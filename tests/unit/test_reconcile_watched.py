@@ -11,6 +11,8 @@ import pytest
 from reconcile_support import KEY, NAME, NS, Cluster
 
 from servegraph.kube import KubeError
+from servegraph.operator.apply.drift import Live
+from servegraph.operator.cache import WatchCache
 from servegraph.operator.reconcile import RetryLater
 
 HAND_MADE: dict[str, Any] = {
@@ -154,3 +156,34 @@ async def test_a_change_that_landed_before_the_status_write_is_reconciled_when_i
     assert await drain(c) == [KEY]
     body = c.reconciler.cache.body(KEY)
     assert body is not None and body["metadata"]["annotations"] == {"servegraph.io/refresh": "2"}
+
+
+async def test_a_write_the_watch_delivered_before_its_answer_came_leaves_no_mark() -> None:
+    """Delivered before the write's answer was processed, the version is reconciled then; the
+    next delivery of it (a re-list) is not mistaken for the write coming back."""
+    c = versioned()
+    c.watch_servegraph()
+    await drain(c)
+    real_patch = c.api.patch_servegraph_status
+
+    async def delivered_first(*args: Any) -> dict[str, Any] | None:
+        written = await real_patch(*args)
+        c.watch_servegraph()  # the watch was faster than the answer
+        return written
+
+    c.api.patch_servegraph_status = delivered_first  # type: ignore[method-assign]
+    await c.reconcile()
+    assert await drain(c) == [KEY], "reconciled when it came"
+    c.watch_servegraph()  # a re-list
+    assert await drain(c) == [KEY]
+
+
+def test_an_apply_answering_the_version_held_expects_no_delivery_of_it() -> None:
+    cache = WatchCache()
+    where = (NS, NAME)
+    cache.put_rayservice(where, Live(None, {}, resource_version="5"))
+    cache.put_applied(where, Live(None, {}, resource_version="5"))  # changed nothing: no new event comes
+    assert not cache.echo_rayservice(where, "5"), "a re-list's delivery of it is reconciled"
+    cache.put_applied(where, Live(None, {}, resource_version="6"))
+    assert cache.echo_rayservice(where, "6")
+    assert not cache.echo_rayservice(where, "6"), "consumed by the first delivery"

@@ -143,8 +143,9 @@ class WatchCache:
             new.pop("status", None)
             version = (new.get("metadata") or {}).get("resourceVersion")
             if version is not None and _unversioned(new) == _unversioned(head):
+                if head["metadata"].get("resourceVersion") != version:  # else delivered already
+                    self._echo_servegraphs[key] = str(version)
                 head = new
-                self._echo_servegraphs[key] = str(version)
         self._bodies[key] = _Held(head, pack(status))
 
     def echo_servegraph(self, key: Key, resource_version: str | None) -> bool:
@@ -205,10 +206,13 @@ class WatchCache:
 
     def put_applied(self, rayservice: Key, live: Live) -> None:
         """The record the operator's apply answered: the watch's next delivery of that version
-        (`echo_rayservice`) is the apply coming back."""
+        (`echo_rayservice`) is the apply coming back, unless that version is held already (an
+        apply that changed nothing, or the watch was first): then no delivery of it is expected."""
+        held = self._rayservices.get(rayservice)
+        version = live.resource_version
+        if version is not None and not (isinstance(held, Live) and held.resource_version == version):
+            self._echo_rayservices[rayservice] = version
         self.put_rayservice(rayservice, live)
-        if live.resource_version is not None:
-            self._echo_rayservices[rayservice] = live.resource_version
 
     def echo_rayservice(self, rayservice: Key, resource_version: str | None) -> bool:
         """Whether this delivery is the operator's own apply coming back, its record held (then
