@@ -321,7 +321,7 @@ class KubeClient:
         meta = manifest["metadata"]
         what = f"create ConfigMap {meta['namespace']}/{meta['name']}"
         self._fence(what)
-        path = _configmap_path(meta["namespace"], "").rstrip("/")
+        path = f"/api/v1/namespaces/{quote(meta['namespace'])}/configmaps"
         return dict(await self._call("POST", path, what, manifest, query={"fieldManager": FIELD_MANAGER}))
 
     async def patch_configmap(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
