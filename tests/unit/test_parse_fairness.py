@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 
 import pytest
 from google.protobuf import struct_pb2
@@ -180,15 +179,3 @@ async def test_each_worker_parses_as_the_namespace_it_reconciles() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await worker
     assert seen == [NS]
-
-
-async def test_children_yield_the_cpu_to_the_operator() -> None:
-    """A parse takes what the operator's loop, the API server and smaller parses leave: on two
-    shared cores, a child at the operator's priority made B's update 1.8x slower while A parsed."""
-    parser = GraphParser(workers=1)
-    try:
-        await parser.start()
-        child_nice = await asyncio.wrap_future(parser._children[0].pool().submit(os.nice, 0))
-        assert child_nice == min(19, os.nice(0) + parsing.CHILD_NICENESS)
-    finally:
-        parser.close()

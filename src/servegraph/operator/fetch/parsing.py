@@ -9,8 +9,9 @@ SIGXCPU, even inside C code); the operator's loop only waits on a pipe. The
 validated model comes back pickled; the graph limits (nodes, labels, strings,
 values) bound what unpickling it costs the operator.
 
-Each child is spawned (a fresh interpreter, none of the operator's state), kept
-for the next parse, and replaced when it dies. It volunteers to be the kernel's
+Each child is a fresh interpreter (`parse_child`, none of the operator's state)
+answering over its stdin and stdout, which the event loop reads itself: no executor
+threads. It is kept for the next parse, and replaced when it dies. It volunteers to be the kernel's
 first OOM victim, so a parse that would exhaust the pod's memory costs a parse,
 not the operator.
 
@@ -27,21 +28,19 @@ CPUs are short, the operator's loop and other work go first.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import logging
 import math
-import multiprocessing
 import os
-import resource
-import signal
-from concurrent.futures.process import BrokenProcessPool
+import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.graph import GraphError, Problem, parse_graph
+from servegraph.operator.fetch import parse_child
 from servegraph.operator.run.fairness import FairQueue
 
 log = logging.getLogger("servegraph.operator")
@@ -51,7 +50,9 @@ MAX_DEFAULT_WORKERS = 4
 """Each child holds ~40 MiB idle and more while it parses (BENCHMARKS.md): the default
 stops at four to stay well inside the Deployment's 512 MiB. `--parse-workers` goes past it."""
 
-CHILD_NICENESS = 10
+CHILD_NICENESS = parse_child.CHILD_NICENESS
+PIPE_LIMIT = 4 * MiB
+"""The pipe reader's buffer: an answer (a pickled graph, tens of KiB for hundreds of nodes) is read in few reads."""
 TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("servegraph_parse_tenant", default="")
 """Whose parse this is (the ServeGraph's namespace): the worker sets it for each reconcile."""
 
@@ -73,7 +74,7 @@ class GraphParser:
 
     async def start(self) -> None:
         """Spawn the children now, so the first downloads do not wait for them."""
-        await asyncio.gather(*(asyncio.wrap_future(c.pool().submit(os.getpid)) for c in self._children))
+        await asyncio.gather(*(c.ready() for c in self._children))
 
     async def parse(self, data: bytes, max_bytes: int, tenant: str | None = None) -> Graph:
         who = TENANT.get() if tenant is None else tenant
@@ -116,14 +117,14 @@ class GraphParser:
             turn.set_result(self._idle.pop())
 
     async def _run(self, child: _Child, data: bytes, max_bytes: int) -> tuple[str, Any]:
-        future = asyncio.wrap_future(child.pool().submit(_parse_in_child, data, max_bytes, self.cpu_s))
         try:
             # Children sharing a CPU take longer in wall time; the CPU limit is the real bound.
-            result: tuple[str, Any] = await asyncio.wait_for(future, timeout=(self.workers + 2) * self.cpu_s + 10)
+            timeout = (self.workers + 2) * self.cpu_s + 10
+            result = await asyncio.wait_for(child.call(data, max_bytes, self.cpu_s), timeout=timeout)
         except asyncio.CancelledError:
             child.kill()  # its parse cannot be cancelled: the next one must not wait for it
             raise
-        except (BrokenProcessPool, TimeoutError):
+        except (OSError, EOFError, TimeoutError):  # died (SIGXCPU, out of memory, killed) or overran
             child.kill()
             limit = f"{self.cpu_s:g} s of CPU and {self.memory_bytes // MiB} MiB of memory"
             log.warning("a graph parse was stopped at its limits (%s); the parser restarts", limit)
@@ -136,32 +137,61 @@ class GraphParser:
 
 
 class _Child:
-    """One parse process, spawned when first needed and again after it was killed."""
+    """One parse process (`parse_child`), spawned when first needed and again after it died.
+
+    Used by one parse at a time (`GraphParser` hands it out), so its pipes need no lock.
+    """
 
     def __init__(self, memory_bytes: int) -> None:
         self.memory_bytes = memory_bytes
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._process: asyncio.subprocess.Process | None = None
 
-    def pool(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_child_init,
-                initargs=(self.memory_bytes,),
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def ready(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        """The running child's pipes; spawned, and its imports done, first if need be."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            process = self._process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                parse_child.__name__,
+                str(self.memory_bytes),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=PIPE_LIMIT,
             )
-        return self._pool
+            assert process.stdout is not None
+            if await process.stdout.readexactly(len(parse_child.READY)) != parse_child.READY:
+                raise EOFError("the parse child did not start")
+        assert process.stdin is not None and process.stdout is not None
+        return process.stdin, process.stdout
+
+    async def call(self, data: bytes, max_bytes: int, cpu_s: float) -> tuple[str, Any]:
+        """One parse; EOFError (`IncompleteReadError`) or OSError when the child died meanwhile."""
+        send, receive = await self.ready()
+        send.write(parse_child.REQUEST.pack(len(data), max_bytes, cpu_s))
+        send.write(data)
+        await send.drain()
+        (size,) = parse_child.ANSWER.unpack(await receive.readexactly(parse_child.ANSWER.size))
+        # Our own child's pickle of a model it built (as a process pool's result would be): the
+        # untrusted bytes were parsed there, and no graph content can become a pickle opcode.
+        kind, value = pickle.loads(await receive.readexactly(size))  # noqa: S301
+        if kind == "error":
+            raise ParserFailed(f"the graph parser failed with {value}")
+        return kind, value
 
     def kill(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        # ProcessPoolExecutor cannot cancel a running call: end its process. `_processes`
-        # is private, but the alternative is waiting for a parse that may never end.
-        for process in list(getattr(pool, "_processes", {}).values()):
-            with contextlib.suppress(Exception):
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
                 process.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ParserFailed(Exception):
+    """The parse raised something other than GraphError: a bug, reported as such, not the graph's fault."""
 
 
 def default_workers() -> int:
@@ -178,31 +208,3 @@ def default_workers() -> int:
 async def parse_here(data: bytes, max_bytes: int) -> Graph:
     """The same parse in a thread of this process: for tests and the command line."""
     return await asyncio.to_thread(parse_graph, data, max_bytes=max_bytes)
-
-
-def _child_init(memory_bytes: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the operator's to handle
-    with contextlib.suppress(OSError, ValueError):
-        resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
-    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
-    # When CPUs are short, the operator's loop (its Lease, other namespaces' reconciles) runs
-    # first; a parse still gets all the CPU nobody else wants.
-    with contextlib.suppress(OSError):
-        os.nice(CHILD_NICENESS)
-
-
-def _parse_in_child(data: bytes, max_bytes: int, cpu_s: float) -> tuple[str, Any]:
-    """Runs in the child: this parse may use `cpu_s` more seconds of CPU, then SIGXCPU ends it."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    soft = int(usage.ru_utime + usage.ru_stime + cpu_s) + 1
-    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-    try:
-        return "ok", parse_graph(data, max_bytes=max_bytes)
-    except GraphError as exc:
-        return "invalid", [(p.path, p.message) for p in exc.problems]
-    except MemoryError:
-        return "invalid", [("", "the graph needs more memory to parse than the operator allows")]

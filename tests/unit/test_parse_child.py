@@ -1,0 +1,171 @@
+"""The parse child's life: its wire (`parse_child.serve`), its limits, and the operator's side
+of a child that dies, at its CPU limit or killed, mid-parse or between parses."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import pickle
+import signal
+from pathlib import Path
+
+import pytest
+from support import SAMPLES
+from test_parse_fairness import _slow
+
+from servegraph.dag.model import Graph
+from servegraph.graph import GraphError
+from servegraph.operator.fetch import parse_child, parsing
+from servegraph.operator.fetch.parsing import GraphParser, ParserFailed
+
+MINI = (SAMPLES / "mini.pb").read_bytes()
+NO_LIMIT = 1e9
+"""CPU seconds for a parse run in the test's own process: `parse_limited` sets RLIMIT_CPU."""
+
+
+def _answers(requests: list[tuple[bytes, int]]) -> list[tuple[str, object]]:
+    wire = b"".join(parse_child.REQUEST.pack(len(d), m, NO_LIMIT) + d for d, m in requests)
+    out = io.BytesIO()
+    parse_child.serve(io.BytesIO(wire), out)
+    raw, answers = out.getvalue(), []
+    while raw:
+        (size,) = parse_child.ANSWER.unpack_from(raw)
+        answers.append(pickle.loads(raw[parse_child.ANSWER.size : parse_child.ANSWER.size + size]))
+        raw = raw[parse_child.ANSWER.size + size :]
+    return answers
+
+
+def test_the_child_answers_each_request_in_order_until_its_input_ends() -> None:
+    (ok, invalid, small) = _answers([(MINI, len(MINI)), (b"\xff\xff", 100), (MINI, 10)])
+    assert ok[0] == "ok" and isinstance(ok[1], Graph) and ok[1].name
+    assert invalid[0] == "invalid" and invalid[1]
+    assert small[0] == "invalid" and any("10" in message for _, message in small[1])  # type: ignore[union-attr]
+
+
+def test_a_request_cut_short_gets_no_answer() -> None:
+    out = io.BytesIO()
+    parse_child.serve(io.BytesIO(parse_child.REQUEST.pack(len(MINI), len(MINI), NO_LIMIT) + MINI[:10]), out)
+    assert out.getvalue() == b""
+
+
+def test_a_bug_in_the_parse_is_answered_by_its_type_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(data: bytes, max_bytes: int) -> Graph:
+        raise KeyError("some internal detail")
+
+    monkeypatch.setattr(parse_child, "parse_graph", broken)
+    assert _answers([(MINI, len(MINI))]) == [("error", "KeyError")]
+
+
+def _nice(pid: int) -> int:
+    """The process's niceness, from the kernel (field 19 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[16])
+
+
+def _oom_score_adj(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+async def test_children_yield_the_cpu_and_are_the_first_oom_victims() -> None:
+    """A parse takes what the operator's loop, the API server and smaller parses leave: on two
+    shared cores, a child at the operator's priority made B's update 1.8x slower while A parsed."""
+    parser = GraphParser(workers=1)
+    try:
+        await parser.start()
+        pid = parser._children[0].pid
+        assert pid is not None and pid != os.getpid()
+        assert _nice(pid) == min(19, os.nice(0) + parsing.CHILD_NICENESS)
+        assert _oom_score_adj(pid) == 1000
+    finally:
+        parser.close()
+
+
+async def test_a_child_killed_between_parses_is_replaced() -> None:
+    parser = GraphParser(workers=1)
+    try:
+        await parser.start()
+        first = parser._children[0].pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        graph = await parser.parse(MINI, len(MINI), tenant="a")
+        assert graph.name and parser._children[0].pid not in (None, first)
+    finally:
+        parser.close()
+
+
+async def test_a_child_dying_mid_parse_is_an_invalid_graph_and_the_next_parse_gets_a_new_child() -> None:
+    parser = GraphParser(workers=1)
+    slow = _slow()
+    try:
+        await parser.start()
+        first = parser._children[0].pid
+        assert first is not None
+        parsing_now = asyncio.create_task(parser.parse(slow, len(slow), tenant="a"))
+        await asyncio.sleep(0.1)  # the child has the graph and parses it (~0.5 s)
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(GraphError, match="could not be parsed within 10 s of CPU and 768 MiB of memory"):
+            await parsing_now
+        graph = await parser.parse(MINI, len(MINI), tenant="a")
+        assert graph.name and parser._children[0].pid not in (None, first)
+    finally:
+        parser.close()
+
+
+async def test_a_parse_past_its_cpu_limit_is_stopped_by_the_kernel() -> None:
+    """cpu_s=0: RLIMIT_CPU ends the child at its next whole CPU second, inside the C parser or not."""
+    parser = GraphParser(cpu_s=0, workers=1)
+    slow = _slow()
+    try:
+        await parser.start()
+        first = parser._children[0].pid
+        stopped = None
+        for _ in range(6):  # each parse of `slow` is refused after ~0.5 s of CPU, if it lives that long
+            try:
+                await parser.parse(slow, len(slow), tenant="a")
+            except GraphError as exc:
+                if "could not be parsed within 0 s of CPU" in str(exc):
+                    stopped = exc
+                    break
+                assert "route_prefix" in str(exc)
+        assert stopped is not None, "the child was never stopped at its CPU limit"
+        graph = await parser.parse(MINI, len(MINI), tenant="a")
+        assert graph.name and parser._children[0].pid not in (None, first)
+    finally:
+        parser.close()
+
+
+class _Sink:
+    """The child's stdin, for the test below: takes the request and keeps it."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    async def drain(self) -> None:
+        return None
+
+
+class _Answering:
+    """A child process that has already written `answer`: the real `_Child.call` reads it."""
+
+    def __init__(self, answer: tuple[str, object]) -> None:
+        payload = pickle.dumps(answer)
+        self.stdout = asyncio.StreamReader()
+        self.stdout.feed_data(parse_child.ANSWER.pack(len(payload)) + payload)
+        self.stdin = _Sink()
+        self.returncode = None
+        self.pid = 0
+
+
+async def test_a_parser_bug_is_reported_as_one_not_as_a_bad_graph() -> None:
+    """The child's ("error", type) answer: the reconcile's unexpected-error path, not GraphValid=False."""
+    child = parsing._Child(parsing.MiB)
+    child._process = _Answering(("error", "KeyError"))  # type: ignore[assignment]
+    with pytest.raises(ParserFailed, match="the graph parser failed with KeyError"):
+        await child.call(MINI, len(MINI), 1.0)
+    sent = child._process.stdin.sent  # type: ignore[union-attr]
+    assert sent == parse_child.REQUEST.pack(len(MINI), len(MINI), 1.0) + MINI
