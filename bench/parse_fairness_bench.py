@@ -178,7 +178,7 @@ async def bench_parser(worst: bytes, samples: int, workers: int, streams: int) -
             a_parses = done[0]
             await _stop_a()
         finally:
-            parser.close()
+            await parser.close()
         row: dict[str, Any] = {"label": label, "idle": summary(idle), "busy": summary(busy), "a_parses": a_parses}
         row["ratio"] = row["busy"]["median"] / row["idle"]["median"]
         print(f"  parser: {label}: {row}", file=sys.stderr, flush=True)

@@ -192,7 +192,7 @@ async def bench_stall(graphs: dict[str, bytes]) -> list[tuple[str, str, float, f
                 rows.append((name, how, stall, took))
                 print(f"  stall: {name}, {how}: longest {stall * 1000:.0f} ms over {took:.2f} s", file=sys.stderr)
     finally:
-        parser.close()
+        await parser.close()
     return rows
 
 

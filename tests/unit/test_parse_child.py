@@ -78,7 +78,7 @@ async def test_children_yield_the_cpu_and_are_the_first_oom_victims() -> None:
         assert _nice(pid) == min(19, os.nice(0) + parsing.CHILD_NICENESS)
         assert _oom_score_adj(pid) == 1000
     finally:
-        parser.close()
+        await parser.close()
 
 
 async def test_a_child_killed_between_parses_is_replaced() -> None:
@@ -92,7 +92,7 @@ async def test_a_child_killed_between_parses_is_replaced() -> None:
         graph = await parser.parse(MINI, len(MINI), tenant="a")
         assert graph.name and parser._children[0].pid not in (None, first)
     finally:
-        parser.close()
+        await parser.close()
 
 
 async def test_a_child_dying_mid_parse_is_an_invalid_graph_and_the_next_parse_gets_a_new_child() -> None:
@@ -110,7 +110,7 @@ async def test_a_child_dying_mid_parse_is_an_invalid_graph_and_the_next_parse_ge
         graph = await parser.parse(MINI, len(MINI), tenant="a")
         assert graph.name and parser._children[0].pid not in (None, first)
     finally:
-        parser.close()
+        await parser.close()
 
 
 async def test_a_parse_past_its_cpu_limit_is_stopped_by_the_kernel() -> None:
@@ -133,7 +133,7 @@ async def test_a_parse_past_its_cpu_limit_is_stopped_by_the_kernel() -> None:
         graph = await parser.parse(MINI, len(MINI), tenant="a")
         assert graph.name and parser._children[0].pid not in (None, first)
     finally:
-        parser.close()
+        await parser.close()
 
 
 class _Sink:
@@ -169,3 +169,18 @@ async def test_a_parser_bug_is_reported_as_one_not_as_a_bad_graph() -> None:
         await child.call(MINI, len(MINI), 1.0)
     sent = child._process.stdin.sent  # type: ignore[union-attr]
     assert sent == parse_child.REQUEST.pack(len(MINI), len(MINI), 1.0) + MINI
+
+
+async def test_close_waits_until_every_child_has_exited() -> None:
+    """Reaped, pipes closed, before the loop may end: a child left to the garbage collector after
+    its loop closed raised 'Event loop is closed' at exit."""
+    parser = GraphParser(workers=2)
+    await parser.start()
+    pids = [c.pid for c in parser._children]
+    assert all(pids)
+    await parser.close()
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # gone and reaped: not even a zombie answers
+    assert all(c.pid is None for c in parser._children)

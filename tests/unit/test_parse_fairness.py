@@ -123,7 +123,7 @@ async def _finish_order(workers: int) -> list[str]:
         tasks.append(asyncio.create_task(parse("b", "b", MINI)))
         await asyncio.gather(*tasks)
     finally:
-        parser.close()
+        await parser.close()
     return done
 
 
@@ -155,7 +155,7 @@ async def test_a_cancelled_wait_frees_its_turn() -> None:
         graph = await parser.parse(MINI, len(MINI), tenant="b")  # the child is free again
         assert graph.name
     finally:
-        parser.close()
+        await parser.close()
 
 
 async def test_each_worker_parses_as_the_namespace_it_reconciles() -> None:

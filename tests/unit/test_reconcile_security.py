@@ -160,7 +160,7 @@ async def test_a_hostile_graph_is_parsed_without_stalling_the_loop() -> None:
         await asyncio.sleep(0.05)  # the ticker's next tick measures the gap the parse may have made
     finally:
         ticking.cancel()
-        parser.close()
+        await parser.close()
     valid = world.condition(key, "GraphValid")
     assert (valid["status"], valid["reason"]) == ("False", "InvalidGraph")
     assert "200000 labels, over the limit of 64" in valid["message"]

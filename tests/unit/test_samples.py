@@ -89,5 +89,5 @@ async def test_the_operator_child_process_parse_keeps_every_field_of_the_samples
             parsed[name] = await parser.parse(data, max_bytes=len(data))
             assert parsed[name] == await parse_here(data, max_bytes=len(data)), name
     finally:
-        parser.close()
+        await parser.close()
     assert parsed["observed"].applications[0].telemetry.forward_headers  # so the comparison covers telemetry

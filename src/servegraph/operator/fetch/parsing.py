@@ -131,9 +131,9 @@ class GraphParser:
             raise GraphError([Problem("", f"the graph could not be parsed within {limit}")]) from None
         return result
 
-    def close(self) -> None:
-        for child in self._children:
-            child.kill()
+    async def close(self) -> None:
+        """Stop every child and wait until each has exited, so its pipes are closed while the loop still runs."""
+        await asyncio.gather(*(child.stop() for child in self._children))
 
 
 class _Child:
@@ -184,10 +184,28 @@ class _Child:
         return kind, value
 
     def kill(self) -> None:
+        """End the child now; it is reaped (and its pipes closed) in the background."""
         process, self._process = self._process, None
-        if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+        if process is not None:
+            _REAPING.add(task := asyncio.ensure_future(_end(process)))
+            task.add_done_callback(_REAPING.discard)
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            await _end(process)
+
+
+_REAPING: set[asyncio.Future[None]] = set()
+"""Children killed mid-parse, until they have exited (a task nobody holds may be collected)."""
+
+
+async def _end(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), timeout=10)
 
 
 class ParserFailed(Exception):

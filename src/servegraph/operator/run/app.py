@@ -146,7 +146,7 @@ class Operator:
         for runner in self.runners:
             await runner.cleanup()
         await self.registry.close()
-        self.parser.close()
+        await self.parser.close()
         await self.kube.api.close()
 
 
