@@ -15,6 +15,11 @@ endpoint, then again through the refresh annotation. --shared: every ServeGraph 
 one 20-node graph in one namespace, which the operator parses once and shares by
 digest: the cache-hit case of the earlier tables of BENCHMARKS.md; no storm.
 
+--cpus-apart: the API server and etcd on half the CPUs, the operator and the bench on
+the others, as deployed (the operator's pod does not share the control plane's CPUs).
+Without it every process shares every CPU, and the operator's time against its floor
+measures its CPU as much as its writes.
+
     python bench/operator_bench.py --distinct --counts 1000 --json-out build/bench/d.json --check bench/baseline.json
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +36,6 @@ import platform
 import random
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -195,6 +200,28 @@ def cpu_s(pid: int) -> float:
 def tree_cpu_s(pid: int) -> float:
     """CPU of the operator and its parse children: a parse in a child is the operator's work."""
     return sum(cpu_s(p) for p in tree_pids(pid))
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of each of `pids` onto `cpus` (threads and processes made later inherit it
+    from the thread that makes them)."""
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def cpus_apart() -> tuple[set[int], set[int]]:
+    """(the control plane's CPUs, everyone else's): the first half, the rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--cpus-apart needs at least two CPUs")
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
 
 
 def rss_mib(pid: int) -> float:
@@ -454,6 +481,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.progress_deadline is not None:
         PROGRESS_DEADLINE = results["config"]["progress_deadline"] = args.progress_deadline
+    if args.cpus_apart:
+        results["config"]["cpus_apart"] = True
     with (
         ControlPlane(binaries, crds=[binaries.kuberay_crds, ROOT / "config" / "crd"], audit=True) as cp,
         tempfile.TemporaryDirectory() as tmp,
@@ -489,6 +518,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         op.wait_ready(lambda: http_probe(f"http://127.0.0.1:{port}/readyz"), timeout=60)
         await asyncio.sleep(2)
         assert op.pid is not None
+        if args.cpus_apart:
+            # As deployed: the control plane on its own CPUs, the operator (and here the bench:
+            # users, registry, observer, the floor's client) on the others.
+            control, rest = cpus_apart()
+            pin([p for c in ("kube-apiserver", "etcd") for p in tree_pids(cp.pids[c])], control)
+            pin(tree_pids(op.pid), rest)  # its parse children too
+            pin([os.getpid()], rest)  # not its descendants: the control plane is one
+            results["cpus"] = {"control_plane": sorted(control), "operator_and_bench": sorted(rest)}
         results["rss_idle_mib"] = rss_mib(op.pid)
         fast = await connect(str(cp.kubeconfig()))
         try:
@@ -568,6 +605,12 @@ def main() -> int:
     parser.add_argument("--quiet-s", type=float, default=60)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--timeout-s", type=float, default=1800, help="longest wait for all Applied (per round, storm)")
+    parser.add_argument(
+        "--cpus-apart",
+        action="store_true",
+        help="pin the API server and etcd to half the CPUs, the operator and the bench to the rest "
+        "(as deployed: the operator does not share the control plane's CPUs); not comparable with runs without",
+    )
     parser.add_argument("--etcd-quota-mib", type=int, default=4096, help="etcd's space quota (the test bed's: 256)")
     parser.add_argument("--json-out", type=Path, help="write the results here (input of bench/regression.py)")
     parser.add_argument("--check", type=Path, metavar="BASELINE", help="exit 1 if a figure regressed against it")
@@ -583,9 +626,7 @@ def main() -> int:
     if args.namespaces is None:
         args.namespaces = 10 if args.mode == "distinct" else 1
     results = asyncio.run(main_async(args))
-    results["machine"] = (
-        f"{platform.machine()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores"
-    )
+    results["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"  # the machine's, not this process's affinity
     results["python"] = platform.python_version()
     print(json.dumps(results, indent=2))
     if args.json_out is not None:
