@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from render_bench import make_graph  # noqa: E402
 
+from servegraph.cli import operate  # noqa: E402
 from servegraph.graph import parse_graph  # noqa: E402
 from servegraph.operator.fetch.parsing import GraphParser  # noqa: E402
 from servegraph.source import FetchError, FetchRequest, Limits, RegistryClient, SourcePolicy  # noqa: E402
@@ -49,6 +50,17 @@ LOOPBACK = SourcePolicy.build(allowed_networks=["127.0.0.0/8"])
 
 
 # -- graphs -----------------------------------------------------------------------------
+
+
+def operator_max_bytes() -> int:
+    """`servegraph run`'s default --max-graph-bytes: the largest graph the operator downloads.
+
+    Read from its own arguments: the bench once built its largest graph from `Limits()`'s
+    16 MiB after the operator's default became 4 MiB, and its operator part then waited for a
+    GraphValid the refused download never gave."""
+    parser = argparse.ArgumentParser()
+    operate.add_arguments(parser.add_subparsers())
+    return int(parser.parse_args(["run"]).max_graph_bytes)
 
 
 def largest_allowed(max_bytes: int = Limits().max_bytes) -> bytes:
@@ -312,7 +324,7 @@ def main() -> int:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(f"machine: {versions()}")
-    largest = largest_allowed()
+    largest = largest_allowed(operator_max_bytes())
     if "fetch" in parts:
         rows = asyncio.run(bench_fetch(args.deadline))
         print(f"\n| a registry that ... (deadline {args.deadline:g} s) | one download took | ended as |")
