@@ -63,7 +63,7 @@ def operator_max_bytes() -> int:
     return int(parser.parse_args(["run"]).max_graph_bytes)
 
 
-def largest_allowed(max_bytes: int = Limits().max_bytes) -> bytes:
+def largest_allowed(max_bytes: int) -> bytes:
     """10,000 nodes (the node limit) padded with user_config strings to just under the size limit."""
     msg = graph_pb2.Graph.FromString(make_graph(10_000))
     nodes = [node for app in msg.applications for node in app.nodes.values()]
