@@ -336,7 +336,7 @@ async def test_nothing_grows_as_objects_come_and_go() -> None:
         rs = world.api.rayservices.pop(key)
         world.reconciler.rayservice_changed(rs, deleted=True)
         world.reconciler.servegraph_changed(world.api.servegraphs.pop(key), deleted=True)
-    assert world.reconciler.cache.sizes() == {"servegraphs": 0, "memory": 0, "rayservices": 0, "claims": 0}
+    assert world.reconciler.cache.sizes() == {"servegraphs": 0, "memory": 0, "rayservices": 0, "claims": 0, "urls": 0}
     assert len(world.reconciler.slots) == 0
     assert len(world.reconciler.secrets) == 7  # one token Secret per namespace, kept 10 s
     world.reconciler.secrets.ttl_s = 0.0

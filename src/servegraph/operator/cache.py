@@ -113,6 +113,9 @@ class WatchCache:
         # The model is immutable, so ServeGraphs that download the same bytes share it.
         self._graphs: OrderedDict[str, Graph] = OrderedDict()
         self._graph_nodes = 0
+        # spec.source.url → the ServeGraphs that name it: a "graph published" event finds
+        # its ServeGraphs without reading every one (14 ms an event at 10,000).
+        self._by_url: dict[str, set[Key]] = {}
 
     # -- ServeGraphs -----------------------------------------------------------------
 
@@ -121,8 +124,21 @@ class WatchCache:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         head = _slim(body)
         status = head.pop("status", None)
+        held = self._bodies.get(key)
+        self._index_url(key, None if held is None else source_url(held.head), source_url(head))
         self._bodies[key] = _Held(head, None if status is None else pack(status))
         return key
+
+    def _index_url(self, key: Key, old: str | None, new: str | None) -> None:
+        if old == new:
+            return
+        if old is not None:
+            keys = self._by_url[old]
+            keys.discard(key)
+            if not keys:
+                del self._by_url[old]
+        if new is not None:
+            self._by_url.setdefault(new, set()).add(key)
 
     def put_status(
         self, key: Key, uid: str, status: Mapping[str, Any], written: Mapping[str, Any] | None = None
@@ -154,7 +170,9 @@ class WatchCache:
         return resource_version is not None and self._echo_servegraphs.pop(key, None) == resource_version
 
     def forget_servegraph(self, key: Key) -> None:
-        self._bodies.pop(key, None)
+        held = self._bodies.pop(key, None)
+        if held is not None:
+            self._index_url(key, source_url(held.head), None)
         self._echo_servegraphs.pop(key, None)
         self._memory.pop(key, None)
         for rayservice in self._claimed.pop(key, ()):
@@ -175,8 +193,11 @@ class WatchCache:
         held = self._bodies.get(key)
         return None if held is None else held.head
 
-    def heads(self) -> list[dict[str, Any]]:
-        return [held.head for held in self._bodies.values()]
+    def heads(self, url: str | None = None) -> list[dict[str, Any]]:
+        """Every ServeGraph's head, or (`url`) those whose spec.source.url is that URL."""
+        if url is None:
+            return [held.head for held in self._bodies.values()]
+        return [self._bodies[key].head for key in sorted(self._by_url.get(url, ()))]
 
     def servegraph_keys(self) -> list[Key]:
         return list(self._bodies)
@@ -261,6 +282,7 @@ class WatchCache:
             "memory": len(self._memory),
             "rayservices": len(self._rayservices),
             "claims": len(self._claims),
+            "urls": len(self._by_url),
         }
 
     # -- graphs ---------------------------------------------------------------------------
@@ -280,6 +302,11 @@ class WatchCache:
         while self._graph_nodes > PARSED_NODES and len(self._graphs) > 1:
             _, dropped = self._graphs.popitem(last=False)
             self._graph_nodes -= dropped.node_count
+
+
+def source_url(head: Mapping[str, Any]) -> str | None:
+    url = ((head.get("spec") or {}).get("source") or {}).get("url")
+    return url if isinstance(url, str) else None
 
 
 def _unversioned(head: Mapping[str, Any]) -> dict[str, Any]:

@@ -160,12 +160,16 @@ Token = Callable[[bool], Awaitable[str | None]]
 
 def events_app(
     token: Token,
-    servegraphs: Callable[[], Iterable[Mapping[str, Any]]],
+    servegraphs: Callable[[str | None], Iterable[Mapping[str, Any]]],
     annotate: Annotate,
     limiter: TokenBucket | None = None,
     failures: FailedAuth | None = None,
 ) -> web.Application:
-    """The endpoint; `token` is asked per request, so a rotated Secret applies within its cache time."""
+    """The endpoint; `token` is asked per request, so a rotated Secret applies within its cache time.
+
+    `servegraphs(url)` gives the ServeGraphs an event may refresh: those naming that source
+    URL (an index, not a scan: a registry announcing every publish of 10,000 tenants), or
+    every one for an event that gives only a label selector."""
     limiter = limiter or TokenBucket(rate=5, burst=20)
     failures = failures or FailedAuth()
 
@@ -195,7 +199,7 @@ def events_app(
         except ValueError as exc:
             return _error(400, str(exc))
         refreshed = []
-        for sg in list(servegraphs()):
+        for sg in list(servegraphs(published.url)):
             if matches(sg, published):
                 meta = sg["metadata"]
                 try:
