@@ -114,12 +114,16 @@ async def test_one_namespace_cannot_take_every_worker() -> None:
         assert ("patient", "mini") in world.api.rayservices, "the other namespace waited for the greedy one"
         assert world.reconciler.slots.busy("greedy") == 2
         assert sum(key in world.api.rayservices for key in greedy) == 0
+        # Parked with nothing to apply: no interim "not downloaded yet" status, no Event.
+        assert [k for k in greedy if "status" in world.api.servegraphs[k]] == []
+        assert world.api.calls.count("patch_servegraph_status") == 1, "the patient one's only"
         release.set()
         for _ in range(300):
             if all(key in world.api.rayservices for key in greedy):
                 break
             await asyncio.sleep(0.01)
         assert all(key in world.api.rayservices for key in greedy), "parked downloads were not resumed"
+        assert world.api.calls.count("patch_servegraph_status") == 1 + len(greedy), "one status each: the applied one"
     finally:
         for task in workers:
             task.cancel()
