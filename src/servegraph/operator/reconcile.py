@@ -163,6 +163,7 @@ class Reconciler:
         """One pass; returns seconds until the next poll, or raises RetryLater."""
         body = self.cache.body(key)
         if body is None:
+            self.slots.done(key)  # a download slot's turn handed to it goes on
             return None
         start = time.monotonic()
         self.metrics.reconciling(key)
@@ -182,6 +183,7 @@ class Reconciler:
             result = "retry"
             raise RetryLater from None
         finally:
+            self.slots.done(key)  # a download slot's turn handed to it and not used goes on
             self.metrics.observe_reconcile(key, result, time.monotonic() - start)
 
     def _current(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -222,9 +224,8 @@ class Reconciler:
                 finally:
                     self.slots.release(key)
             elif memory.good is None and not (body.get("status") or {}).get("rollout"):
-                # Parked with nothing to apply: the namespace's next freed slot queues it again,
-                # and a status now would only say "not downloaded yet" (1 in 8 of a burst of
-                # creates in one namespace wrote it, then the real one, with an Event each).
+                # Parked with nothing to apply: a freed slot queues it again (fetch/slots.py), and a
+                # status now would only say "not downloaded yet", then the real one, an Event each.
                 return None
             if not self._current(key, body):
                 return None  # deleted or replaced while downloading: write nothing for it
@@ -368,10 +369,7 @@ class Reconciler:
             self.metrics.writes.labels("status").inc()
             self.cache.put_status(key, meta["uid"], result.status, written)
             if result.transitions:  # one line per write: a create changes four conditions at once
-                changed = "; ".join(
-                    f"{c['type']}={c['status']} {c['reason']}: {c['message']}" for c in result.transitions
-                )
-                log.info("[%s/%s] %s", ns, name, changed)
+                log.info("[%s/%s] %s", ns, name, conditions.one_line(result.transitions))
         for event in result.events:
             if self._current(key, body):
                 await self._event(body, event, now)

@@ -53,3 +53,8 @@ def merge(
 
 def get(conditions: Sequence[dict[str, Any]], type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def one_line(changed: Sequence[dict[str, Any]]) -> str:
+    """`Type=Status Reason: message; ...`: a status write's changed conditions as one log line."""
+    return "; ".join(f"{c['type']}={c['status']} {c['reason']}: {c['message']}" for c in changed)
