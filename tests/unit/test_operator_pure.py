@@ -180,6 +180,27 @@ async def test_queue_dedupes_and_requeues_dirty_keys() -> None:
     await asyncio.wait_for(q.get(), timeout=5)
 
 
+async def test_a_key_queued_first_runs_next_once_and_a_waiting_worker_wakes_for_it() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for key in "abc":
+        q.add(key)
+    q.add_first("c")  # queued already: moved to the front, not queued twice
+    q.add_first("d")
+    assert len(q) == 4
+    assert [await q.get() for _ in range(4)] == ["d", "c", "a", "b"]
+    for key in "abcd":
+        q.done(key)
+    waiting = asyncio.create_task(q.get())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    q.add_first("e")
+    assert await asyncio.wait_for(waiting, timeout=5) == "e"
+    q.add_first("e")  # while it runs: once more after, as add() does
+    assert len(q) == 0
+    q.done("e")
+    assert await q.get() == "e"
+
+
 def test_token_bucket() -> None:
     now = [0.0]
     bucket = TokenBucket(rate=1, burst=2, clock=lambda: now[0])

@@ -97,7 +97,7 @@ class Reconciler:
         self.queue = queue
         self.cache = cache or WatchCache()
         self.secrets = SecretCache(api.read_secret_data, ttl_s=secret_ttl_s, clock=clock)
-        self.slots = NamespaceSlots(fetches_per_namespace, queue.add)
+        self.slots = NamespaceSlots(fetches_per_namespace, queue.add_first)
         self.downloader = Downloader(
             fetcher,
             parser,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
@@ -19,7 +20,8 @@ JITTER = (0.8, 1.2)
 
 class WorkQueue(Generic[K]):
     def __init__(self, base_delay_s: float = 1.0, max_delay_s: float = 300.0) -> None:
-        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._items: deque[K] = deque()
+        self._nonempty = asyncio.Event()
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
@@ -33,7 +35,20 @@ class WorkQueue(Generic[K]):
             self._dirty.add(key)
         elif key not in self._queued:
             self._queued.add(key)
-            self._queue.put_nowait(key)
+            self._items.append(key)
+            self._nonempty.set()
+
+    def add_first(self, key: K) -> None:
+        """Queue a key ahead of every other: one handed a turn that others wait for (a freed
+        download slot) must not wait behind the whole queue while that turn goes unused."""
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            self._items.remove(key)
+        self._queued.add(key)
+        self._items.appendleft(key)
+        self._nonempty.set()
 
     def add_after(self, key: K, delay_s: float) -> None:
         """Add later; an earlier pending timer for the key wins over a later one."""
@@ -74,7 +89,10 @@ class WorkQueue(Generic[K]):
             timer.cancel()
 
     async def get(self) -> K:
-        key = await self._queue.get()
+        while not self._items:
+            self._nonempty.clear()
+            await self._nonempty.wait()
+        key = self._items.popleft()
         self._queued.discard(key)
         self._processing.add(key)
         return key
