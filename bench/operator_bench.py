@@ -385,6 +385,7 @@ class Bench:
         keys = [fleet.keys[i] for i in picks]
         new = {fleet.keys[i]: (fleet.graph_names[i], tenant_graphs.graph_bytes(args.seed, i, version)) for i in picks}
         mark = self.cp.audit_log.offset()
+        cpu0 = tree_cpu_s(self.op_pid)
         result = await run_storm(
             self.api,
             self.registry,
@@ -397,6 +398,8 @@ class Bench:
             within=args.timeout_s,
             seed=args.seed + version,
         )
+        # Until the last republished ServeGraph reported Applied: the endpoint's and the reconciles' CPU.
+        result["operator_cpu_s"] = tree_cpu_s(self.op_pid) - cpu0
         await asyncio.sleep(2)
         events = self.cp.audit_log.events(user=USER, since=mark)
         op_writes = per_item(requests_by_kind(events, set(fleet.namespaces), writes=True), len(picks))
