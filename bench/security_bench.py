@@ -95,9 +95,13 @@ def huge_struct(max_bytes: int = Limits().max_bytes) -> bytes:
         for _ in range(5_000):
             fields[f"k{i}"].number_value = 1
             i += 1
-    while msg.ByteSize() > max_bytes:
-        i -= 1
-        del fields[f"k{i}"]
+    # Trim in steps: a ByteSize() per deleted field walked ~1.4 million fields each time, and
+    # this ran for minutes. A field is ~20 bytes, so dropping excess/32 of them per step never
+    # falls below the limit by much, and each step removes over half of what is left.
+    while (excess := msg.ByteSize() - max_bytes) > 0:
+        for _ in range(max(1, excess // 32)):
+            i -= 1
+            del fields[f"k{i}"]
     return msg.SerializeToString()
 
 
