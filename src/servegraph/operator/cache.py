@@ -305,6 +305,7 @@ class WatchCache:
 
 
 def source_url(head: Mapping[str, Any]) -> str | None:
+    """A ServeGraph's spec.source.url as watched (unvalidated): what the URL index and events match by."""
     url = ((head.get("spec") or {}).get("source") or {}).get("url")
     return url if isinstance(url, str) else None
 

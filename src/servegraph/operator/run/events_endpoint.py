@@ -24,6 +24,7 @@ from aiohttp import web
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
 from servegraph.names import REFRESH_ANNOTATION
+from servegraph.operator.cache import source_url
 from servegraph.source import safe_url
 
 log = logging.getLogger("servegraph.operator.events")
@@ -141,10 +142,8 @@ def parse_event(headers: Mapping[str, str], body: bytes) -> Published:
 
 
 def matches(body: Mapping[str, Any], published: Published) -> bool:
-    if published.url is not None:
-        url = ((body.get("spec") or {}).get("source") or {}).get("url")
-        if url != published.url:
-            return False
+    if published.url is not None and source_url(body) != published.url:
+        return False
     if published.selector is not None:
         labels = (body.get("metadata") or {}).get("labels") or {}
         for key, value in published.selector:
