@@ -5,8 +5,9 @@
 - fetch: the worst-case time of one download under the deadline, against a registry
   that hangs, redirects slowly, answers 503 with Retry-After or trickles its body;
 - stall: the longest event-loop stall while a graph is parsed, on the loop (as before),
-  in a thread, and in the operator's child process, for the largest allowed graph and
-  two hostile ones;
+  in a thread, and by the operator's parser (a child process, or the loop for graphs
+  within its inline limits), for the largest allowed graph, two hostile ones, and three
+  hostile ones at the inline limits;
 - operator: `servegraph run` on the real control plane (as operator_bench runs it) given
   the largest allowed graph: its RSS (and its parse child's) and the longest /healthz
   answer while it downloads, parses and renders it.
@@ -38,7 +39,7 @@ from render_bench import make_graph  # noqa: E402
 
 from servegraph.cli import operate  # noqa: E402
 from servegraph.graph import parse_graph  # noqa: E402
-from servegraph.operator.fetch.parsing import GraphParser  # noqa: E402
+from servegraph.operator.fetch.parsing import INLINE_BYTES, INLINE_NODES, GraphParser  # noqa: E402
 from servegraph.source import FetchError, FetchRequest, Limits, RegistryClient, SourcePolicy  # noqa: E402
 from servegraph.v1 import graph_pb2  # noqa: E402
 from servegraph_testbed.certs import write_pki  # noqa: E402
@@ -103,6 +104,61 @@ def huge_struct(max_bytes: int = Limits().max_bytes) -> bytes:
             i -= 1
             del fields[f"k{i}"]
     return msg.SerializeToString()
+
+
+def _grown(build: Callable[[int], graph_pb2.Graph], limit: int = INLINE_BYTES) -> bytes:
+    """The largest of build(1), build(2), ... whose bytes stay within `limit`, by doubling then bisecting."""
+    low, high = 1, 2
+    while len(build(high).SerializeToString()) <= limit:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if len(build(mid).SerializeToString()) <= limit else (low, mid)
+    return build(low).SerializeToString()
+
+
+def _mini_with(nodes: int) -> tuple[graph_pb2.Graph, graph_pb2.Application]:
+    msg = graph_pb2.Graph.FromString((ROOT / "config" / "samples" / "mini.pb").read_bytes())
+    app = msg.applications[0]
+    for i in range(nodes - len(app.nodes)):
+        app.nodes[f"x{i}"].deployment.import_path = "m:C"
+    return msg, app
+
+
+def small_hostile() -> dict[str, bytes]:
+    """Graphs at the limits of what parses on the operator's loop (`parsing.INLINE_BYTES`,
+    `INLINE_NODES`), each built to cost the most per byte: every node, argument, case and
+    problem is validated and reported. The loop stall they cause is the bound on inline parses."""
+
+    def arguments(n: int) -> graph_pb2.Graph:
+        msg, app = _mini_with(INLINE_NODES)
+        for node in app.nodes.values():
+            if node.HasField("deployment"):
+                for _ in range(n):
+                    node.deployment.args.add().value.null_value = 0
+        return msg
+
+    def kwargs(n: int) -> graph_pb2.Graph:
+        msg, app = _mini_with(1)
+        node = next(iter(app.nodes.values()))
+        for i in range(n):
+            node.deployment.kwargs[f"{i:x}"].node.retries = 1  # each one a problem
+        return msg
+
+    def cases(n: int) -> graph_pb2.Graph:
+        msg, app = _mini_with(INLINE_NODES)
+        switch = app.nodes["x0"].switch
+        switch.field = "f"
+        for i in range(n):
+            case = switch.cases.add(equals=f"{i:x}")
+            case.node.id = f"x{1 + i % (INLINE_NODES - 2)}"
+        return msg
+
+    return {
+        f"{INLINE_NODES} nodes and their arguments ({INLINE_BYTES // 1024} KiB)": _grown(arguments),
+        f"one node's keyword arguments, each a problem ({INLINE_BYTES // 1024} KiB)": _grown(kwargs),
+        f"a switch's cases ({INLINE_BYTES // 1024} KiB)": _grown(cases),
+    }
 
 
 # -- fetch ------------------------------------------------------------------------------
@@ -202,7 +258,7 @@ async def bench_stall(graphs: dict[str, bytes]) -> list[tuple[str, str, float, f
             for how, work in (
                 ("on the loop (before)", on_loop),
                 ("in a thread", in_thread),
-                ("child process (now)", in_child),
+                ("the operator's parser (now)", in_child),
             ):
                 stall, took = await longest_stall(work)
                 rows.append((name, how, stall, took))
@@ -340,6 +396,7 @@ def main() -> int:
             f"largest allowed ({len(largest) / MiB:.1f} MiB, 10,000 nodes)": largest,
             "200,000 labels (2.6 MiB)": many_labels(),
             "16 MiB user_config of tiny fields": huge_struct(),
+            **small_hostile(),
         }
         stall_rows = asyncio.run(bench_stall(graphs))
         print("\n| graph | parsed | longest loop stall | parse took |")

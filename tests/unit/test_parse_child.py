@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from support import SAMPLES
-from test_parse_fairness import _slow
+from test_parse_fairness import QUICK, _slow
 
 from servegraph.dag.model import Graph
-from servegraph.graph import GraphError
+from servegraph.graph import GraphError, parse_graph
 from servegraph.operator.fetch import parse_child, parsing
-from servegraph.operator.fetch.parsing import GraphParser, ParserFailed
+from servegraph.operator.fetch.parsing import INLINE_BYTES, INLINE_NODES, GraphParser, ParserFailed
+from servegraph.v1 import graph_pb2
 
 MINI = (SAMPLES / "mini.pb").read_bytes()
 NO_LIMIT = 1e9
@@ -89,7 +90,7 @@ async def test_a_child_killed_between_parses_is_replaced() -> None:
         assert first is not None
         os.kill(first, signal.SIGKILL)
         await asyncio.sleep(0.2)
-        graph = await parser.parse(MINI, len(MINI), tenant="a")
+        graph = await parser.parse(QUICK, len(QUICK), tenant="a")
         assert graph.name and parser._children[0].pid not in (None, first)
     finally:
         await parser.close()
@@ -107,7 +108,7 @@ async def test_a_child_dying_mid_parse_is_an_invalid_graph_and_the_next_parse_ge
         os.kill(first, signal.SIGKILL)
         with pytest.raises(GraphError, match="could not be parsed within 10 s of CPU and 768 MiB of memory"):
             await parsing_now
-        graph = await parser.parse(MINI, len(MINI), tenant="a")
+        graph = await parser.parse(QUICK, len(QUICK), tenant="a")
         assert graph.name and parser._children[0].pid not in (None, first)
     finally:
         await parser.close()
@@ -130,7 +131,7 @@ async def test_a_parse_past_its_cpu_limit_is_stopped_by_the_kernel() -> None:
                     break
                 assert "route_prefix" in str(exc)
         assert stopped is not None, "the child was never stopped at its CPU limit"
-        graph = await parser.parse(MINI, len(MINI), tenant="a")
+        graph = await parser.parse(QUICK, len(QUICK), tenant="a")
         assert graph.name and parser._children[0].pid not in (None, first)
     finally:
         await parser.close()
@@ -184,3 +185,63 @@ async def test_close_waits_until_every_child_has_exited() -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone and reaped: not even a zombie answers
     assert all(c.pid is None for c in parser._children)
+
+
+def _problems(data: bytes, max_bytes: int) -> list[tuple[str, str]]:
+    with pytest.raises(GraphError) as caught:
+        parse_graph(data, max_bytes=max_bytes)
+    return [(p.path, p.message) for p in caught.value.problems]
+
+
+async def test_a_small_graph_is_parsed_on_the_loop_without_a_child() -> None:
+    """The trip to a child cost more than parsing a typical tenant's graph (BENCHMARKS.md):
+    small graphs, valid or not, get the child's answers without one."""
+    parser = GraphParser(workers=1)  # not started: a child would be spawned by the first parse it got
+    bad_route = graph_pb2.Graph.FromString(MINI)
+    bad_route.applications[0].route_prefix = "no-leading-slash"
+    invalid = bad_route.SerializeToString()
+    try:
+        assert await parser.parse(MINI, len(MINI)) == parse_graph(MINI)
+        for data, max_bytes in ((invalid, len(invalid)), (b"\xff\xff", 100), (MINI, 10)):
+            with pytest.raises(GraphError) as caught:
+                await parser.parse(data, max_bytes)
+            assert [(p.path, p.message) for p in caught.value.problems] == _problems(data, max_bytes)
+        assert parser._children[0].pid is None
+    finally:
+        await parser.close()
+
+
+def _minimal_nodes(count: int) -> bytes:
+    msg = graph_pb2.Graph.FromString(MINI)
+    app = msg.applications[0]
+    for i in range(count - sum(len(a.nodes) for a in msg.applications)):
+        app.nodes[f"x{i}"].deployment.import_path = "m:C"
+    data = msg.SerializeToString()
+    assert len(data) <= INLINE_BYTES
+    return data
+
+
+@pytest.mark.parametrize(("nodes", "in_child"), [(INLINE_NODES, False), (INLINE_NODES + 1, True)])
+async def test_a_small_graph_of_many_nodes_goes_to_a_child(nodes: int, in_child: bool) -> None:
+    """Few bytes can name many nodes, and validating nodes is what costs: past INLINE_NODES,
+    a child parses it, within its CPU limit, off the loop."""
+    data = _minimal_nodes(nodes)
+    parser = GraphParser(workers=1)
+    try:
+        with pytest.raises(GraphError):  # its extra nodes are unreachable from the ingress
+            await parser.parse(data, len(data))
+        assert (parser._children[0].pid is not None) is in_child
+    finally:
+        await parser.close()
+
+
+async def test_a_bug_in_a_parse_on_the_loop_is_reported_by_its_type_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object, **__: object) -> Graph:
+        raise KeyError("some internal detail")
+
+    monkeypatch.setattr(parsing, "to_model", broken)
+    parser = GraphParser(workers=1)
+    with pytest.raises(ParserFailed) as caught:
+        await parser.parse(MINI, len(MINI))
+    assert str(caught.value) == "the graph parser failed with KeyError"
+    assert caught.value.__suppress_context__  # the detail stays out of the traceback too

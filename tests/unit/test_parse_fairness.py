@@ -22,6 +22,18 @@ from servegraph.v1 import graph_pb2
 MINI = (SAMPLES / "mini.pb").read_bytes()
 
 
+def beyond_inline(data: bytes = MINI) -> bytes:
+    """`data` padded past what parses on the event loop (`parsing.INLINE_BYTES`): a quick
+    parse, in a child."""
+    msg = graph_pb2.Graph.FromString(data)
+    node = next(n for app in msg.applications for n in app.nodes.values() if n.HasField("deployment"))
+    node.user_config.update({"pad": "x" * parsing.INLINE_BYTES})
+    return msg.SerializeToString()
+
+
+QUICK = beyond_inline()
+
+
 def _drain(q: FairQueue[str]) -> list[str]:
     """Run everything one at a time: take, finish, repeat."""
     order = []
@@ -107,7 +119,7 @@ def _slow() -> bytes:
 
 
 async def _finish_order(workers: int) -> list[str]:
-    """Tenant a queues three slow parses, then tenant b one small one: the order they end in."""
+    """Tenant a queues three slow parses, then tenant b one quick one: the order they end in."""
     parser = GraphParser(workers=workers)
     await parser.start()
     slow, done = _slow(), []
@@ -120,19 +132,19 @@ async def _finish_order(workers: int) -> list[str]:
     try:
         tasks = [asyncio.create_task(parse("a", f"a{i}", slow)) for i in range(3)]
         await asyncio.sleep(0.05)  # a's first parse runs, the others wait
-        tasks.append(asyncio.create_task(parse("b", "b", MINI)))
+        tasks.append(asyncio.create_task(parse("b", "b", QUICK)))
         await asyncio.gather(*tasks)
     finally:
         await parser.close()
     return done
 
 
-async def test_with_one_child_a_small_graph_waits_for_one_slow_parse_not_all() -> None:
+async def test_with_one_child_a_quick_parse_waits_for_one_slow_parse_not_all() -> None:
     """Before: one lock, first come first served: b ended after all of a's parses."""
     assert await _finish_order(1) == ["a0", "b", "a1", "a2"]
 
 
-async def test_with_two_children_a_small_graph_waits_for_none() -> None:
+async def test_with_two_children_a_quick_parse_waits_for_none() -> None:
     assert (await _finish_order(2))[0] == "b"
 
 
@@ -143,7 +155,7 @@ async def test_a_cancelled_wait_frees_its_turn() -> None:
         parsing.TENANT.set("a")
         first = asyncio.create_task(parser.parse(slow, len(slow)))
         await asyncio.sleep(0.05)
-        waiting = asyncio.create_task(parser.parse(MINI, len(MINI)))
+        waiting = asyncio.create_task(parser.parse(QUICK, len(QUICK)))
         await asyncio.sleep(0.05)
         assert parser._queue.running("a") == 1 and parser._queue.waiting() == 1
         waiting.cancel()
@@ -152,7 +164,7 @@ async def test_a_cancelled_wait_frees_its_turn() -> None:
         with contextlib.suppress(GraphError):
             await first
         assert (parser._queue.running("a"), parser._queue.waiting()) == (0, 0)
-        graph = await parser.parse(MINI, len(MINI), tenant="b")  # the child is free again
+        graph = await parser.parse(QUICK, len(QUICK), tenant="b")  # the child is free again
         assert graph.name
     finally:
         await parser.close()
