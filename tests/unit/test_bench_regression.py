@@ -29,7 +29,7 @@ def results(mode: str = "distinct", **overrides: Any) -> dict[str, Any]:
         "latency_p99_s": 0.06,
         "rss_loaded_mib": 140.0,
         "steady_writes_per_min": 0.0,
-        "storms": [storm] if mode == "distinct" else [],
+        "storms": [storm, {**storm, "via": "annotation"}] if mode == "distinct" else [],
     }
     out.update(overrides)
     round_trip: dict[str, Any] = json.loads(json.dumps(out))
@@ -157,6 +157,8 @@ def with_floor(run: dict[str, Any], floor_s: float, scale: float = 1.0) -> dict[
     run["latency_p50_s"] *= scale
     run["latency_p99_s"] *= scale
     for storm in run["storms"]:
+        if storm["via"] == "events":
+            continue  # paced by the endpoint's rate limit, whatever the machine (regression.PACED)
         for name in ("p50_s", "p99_s", "all_applied_s"):
             storm[name] *= scale
     return run
@@ -181,12 +183,31 @@ def test_a_regression_on_a_faster_machine_is_still_one(tmp_path: Path) -> None:
 
 def test_a_slower_machine_still_shows_a_real_regression(tmp_path: Path) -> None:
     slower = with_floor(results(), 10.0, 1.3)
-    slower["storms"][0]["all_applied_s"] = 4.0 * 1.3 * 1.25
+    slower["storms"][1]["all_applied_s"] = 4.0 * 1.3 * 1.25
     ok, out = run_check(slower, with_floor(results(), 10.0), tmp_path)
     assert not ok
-    assert "REGRESSION distinct-1000 storm_events_all_applied_s: baseline 4, now 6.5, 5 at the baseline's speed" in out
+    assert (
+        "REGRESSION distinct-1000 storm_annotation_all_applied_s: baseline 4, now 6.5, 5 at the baseline's speed" in out
+    )
     # figures that are not times are compared as measured
     assert "ok         distinct-1000 rss_loaded_mib: baseline 140, now 140 (+0%)" in out
+
+
+def test_a_storm_paced_by_the_endpoints_rate_limit_is_compared_as_measured(tmp_path: Path) -> None:
+    # Recorded on a slow day, checked on a day 20 % faster: the events storm took its 16.9 s
+    # both days (5 events a second), which at the baseline's speed would read +25 %.
+    baseline, faster = with_floor(results(), 10.0), with_floor(results(), 10.0, 0.8)
+    for run in (baseline, faster):
+        run["storms"][0].update({"p50_s": 6.2, "p99_s": 16.4, "all_applied_s": 16.9})
+    ok, out = run_check(faster, baseline, tmp_path)
+    assert ok, out
+    assert "ok         distinct-1000 storm_events_all_applied_s: baseline 16.9, now 16.9 (+0%)" in out
+    # the annotation storm is the operator's work: still at the baseline's speed
+    assert "storm_annotation_all_applied_s: baseline 4, now 3.2, 4 at the baseline's speed (+0%)" in out
+    slower_storm = with_floor(results(), 10.0, 0.8)
+    slower_storm["storms"][0].update({"p50_s": 6.2, "p99_s": 16.4, "all_applied_s": 16.9 * 1.25})
+    ok, out = run_check(slower_storm, baseline, tmp_path)
+    assert not ok and "REGRESSION distinct-1000 storm_events_all_applied_s: baseline 16.9, now 21.12 (+25%" in out
 
 
 def test_a_baseline_recorded_without_its_floor_has_it_from_time_and_ratio() -> None:
