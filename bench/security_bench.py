@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from render_bench import make_graph  # noqa: E402
 
+from servegraph import gcpause  # noqa: E402
 from servegraph.cli import operate  # noqa: E402
 from servegraph.graph import parse_graph  # noqa: E402
 from servegraph.operator.fetch.parsing import INLINE_BYTES, INLINE_NODES, GraphParser  # noqa: E402
@@ -240,6 +241,9 @@ async def longest_stall(work: Callable[[], Awaitable[Any]]) -> tuple[float, floa
 
 
 async def bench_stall(graphs: dict[str, bytes]) -> list[tuple[str, str, float, float]]:
+    # The collector as the operator runs it: with CPython's defaults, a full collection over
+    # this process's heap (the graphs above) landed in one row or another, ~50 ms at random.
+    gcpause.tune_for_service()
     parser = GraphParser()
     await parser.start()
     rows = []

@@ -25,7 +25,7 @@ take longer, none is cut short. Children run at a lower priority (niceness 10): 
 CPUs are short, the operator's loop and other work go first.
 
 Small graphs skip the child (`parse_small`): within `INLINE_BYTES` and `INLINE_NODES`
-a parse holds the loop ~5 ms at most for a valid graph and ~7 ms for the costliest
+a parse holds the loop ~5 ms at most for a valid graph and ~8 ms for the costliest
 hostile one we built (3,684 problems in 16 KiB; bench/security_bench.py), while the trip
 to a child costs ~1.2 ms on top of a typical tenant graph's ~1.4 ms parse (pickling,
 the pipe, unpickling, two wake-ups): that was half of what parsing cost the operator.
