@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
+from sg_support import delete_namespace
 
 from servegraph_testbed import Binaries, ControlPlane, KubeRayOperator, find_binaries
 from servegraph_testbed.clients import api_client
@@ -87,9 +88,9 @@ async def api_client_for(
 
 @pytest.fixture
 async def namespace(admin_api: Any) -> AsyncIterator[str]:
-    """A fresh namespace for one test (its name); deletion is requested at teardown."""
+    """A fresh namespace for one test (its name), deleted with its ServeGraphs at teardown."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     core = client.CoreV1Api(admin_api)
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
-    await core.delete_namespace(name)
+    await delete_namespace(admin_api, name)

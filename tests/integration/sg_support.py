@@ -25,6 +25,18 @@ GROUP, VERSION, PLURAL = "servegraph.io", "v1alpha1", "servegraphs"
 OPERATOR_USER = "servegraph-operator"
 
 
+async def delete_namespace(admin_api: Any, namespace: str) -> None:
+    """Delete a test's namespace, its ServeGraphs first.
+
+    With no namespace controller the namespace stays Terminating with everything in it: a
+    ServeGraph left there would be polled by every later module's operator, at a registry
+    port a later test's registry may be given again."""
+    await client.CustomObjectsApi(admin_api).delete_collection_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL
+    )
+    await client.CoreV1Api(admin_api).delete_namespace(namespace)
+
+
 LOOPBACK_SOURCES = "--allowed-source-networks=127.0.0.0/8"
 """The test registry listens on loopback, which the default source policy refuses: an
 administrator's exception, as a development cluster's would be."""

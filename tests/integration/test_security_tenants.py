@@ -27,7 +27,7 @@ import pytest
 import trustme
 from kubernetes_asyncio import client
 from security_support import secured_kit
-from sg_support import Kit, bind_operator_rbac, sample_bytes, start_operator
+from sg_support import Kit, bind_operator_rbac, delete_namespace, sample_bytes, start_operator
 from support import REGISTRY_TOKEN
 
 from servegraph_testbed import Component, ControlPlane
@@ -104,7 +104,7 @@ async def tenants(control_plane: ControlPlane, admin_api: Any, ca: trustme.CA) -
                 control_plane.unspawn(operator)
         finally:
             control_plane.kubectl("delete", "endpointslice", "kubernetes", "--namespace=default", check=False)
-    await core.delete_namespace(namespace)
+    await delete_namespace(admin_api, namespace)
 
 
 @pytest.fixture
