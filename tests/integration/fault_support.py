@@ -128,4 +128,4 @@ async def retrying(call: Callable[[], Awaitable[T]], what: str, within: float = 
 
 
 def request_count(kit: Kit, graph: str) -> int:
-    return sum(1 for r in kit.registry.registry.requests if r["name"] == graph)
+    return len(kit.requests_for(graph))

@@ -92,6 +92,11 @@ class Kit:
     def core(self) -> Any:
         return client.CoreV1Api(self.api)
 
+    def requests_for(self, graph: str) -> list[dict[str, Any]]:
+        """The registry's requests for one graph: the registry is the test's, its port may have
+        been another's, whose ServeGraphs may still ask it for theirs."""
+        return [r for r in self.registry.registry.requests if r["name"] == graph]
+
     async def secret(self, name: str, data: dict[str, str]) -> None:
         body = {
             "metadata": {"name": name},

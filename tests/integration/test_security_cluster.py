@@ -143,7 +143,7 @@ async def test_a_servegraph_deleted_while_downloading_gets_no_rayservice(
     mark = control_plane.audit_log.offset()
     await kit.servegraph("slow", graph)
     await eventually(
-        lambda: _ready(any(r["name"] == graph for r in kit.registry.registry.requests)),
+        lambda: _ready(bool(kit.requests_for(graph))),
         within=30,
         what="the download to start",
     )

@@ -77,18 +77,13 @@ async def _serving_start(kit: Kit, name: str = "g", **ray_service: Any) -> dict[
     return rs
 
 
-def _downloads(kit: Kit, graph: str) -> list[dict[str, Any]]:
-    """This test's requests for its graph: the registry is the test's, its port may not be."""
-    return [r for r in kit.registry.registry.requests if r["name"] == graph]
-
-
 async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
     kit: Kit, control_plane: ControlPlane
 ) -> None:
     rs = await _serving_start(kit)
     before = (await kit.get_sg("g"))["status"]
     graph = f"{kit.namespace}-g"
-    downloads = _downloads(kit, graph)
+    downloads = kit.requests_for(graph)
     mark = control_plane.audit_log.offset()
 
     await kit.patch_sg("g", {"spec": {"suspend": True}})
@@ -119,7 +114,7 @@ async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
     # Suspended: the operator writes nothing more, however often it is asked to look.
     await kit.patch_sg("g", {"metadata": {"annotations": {"servegraph.io/refresh": "while-suspended"}}})
     await asyncio.sleep(3)
-    assert _downloads(kit, graph) == downloads, "no download while suspended"
+    assert kit.requests_for(graph) == downloads, "no download while suspended"
     quiet = control_plane.audit_log.offset()
 
     await kit.patch_sg("g", {"spec": {"suspend": False}})
@@ -132,7 +127,7 @@ async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
     assert status["history"] == before["history"], "a resume is no new rollout"
     assert status["graph"] == before["graph"]
     # The refresh asked for while suspended is honoured on resume: one conditional GET, same graph.
-    requests = _downloads(kit, graph)[len(downloads) :]
+    requests = kit.requests_for(graph)[len(downloads) :]
     assert len(requests) == 1 and requests[0]["if_none_match"], requests
     writes = control_plane.audit_log.events(
         user=OPERATOR_USER, verbs=WRITE_VERBS, resource="rayservices", namespace=kit.namespace, since=quiet
