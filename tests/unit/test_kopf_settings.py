@@ -42,3 +42,32 @@ def test_a_field_handler_stops_the_start_too() -> None:
 
     with pytest.raises(RuntimeError, match="source_changed"):
         refuse_change_handlers(registry)
+
+
+def test_kopf_decodes_watch_events_with_orjson_and_the_same_result() -> None:
+    import inspect
+    import json
+
+    from kopf._cogs.clients import api
+
+    from servegraph.operator.run.kopf_settings import decode_watch_events_with_orjson
+
+    assert decode_watch_events_with_orjson()
+    assert decode_watch_events_with_orjson(), "a second start (tests, a restarted loop) keeps it"
+    assert "json.loads(" in inspect.getsource(api.stream), "kopf still decodes each watch line by that name"
+    event = {
+        "type": "MODIFIED",
+        "object": {
+            "metadata": {"name": "g", "generation": 9223372036854775807, "uid": "ü-1"},
+            "spec": {
+                "serveConfigV2": "applications:\n- name: a\n",
+                "weights": [0.25, -1e-300, 0, -9223372036854775808],
+            },
+        },
+    }
+    line = json.dumps(event, ensure_ascii=False)
+    decoded = api.json.loads(line)
+    assert decoded == json.loads(line)
+    assert type(decoded["object"]["metadata"]["generation"]) is int
+    with pytest.raises(json.JSONDecodeError, match="Expecting"):  # the standard library's words
+        api.json.loads('{"type": "ADDED", "object": {')

@@ -141,15 +141,18 @@ def _plan(name: str, demand: _Demand, pods: PodShape, problems: list[Problem]) -
     ok = True
     for app, node in demand.nodes:
         r = node.resources
-        if fixed_cpus is None:
-            cpus = max(cpus, float(math.ceil(r.cpus)))
-        if fixed_gpus is None:
-            gpus = max(gpus, math.ceil(r.num_gpus))
-        if fixed_mem is None:
-            mem = max(mem, math.ceil(r.memory_bytes / GiB) * GiB)
+        need_cpus, need_gpus, need_mem = r.cpus, r.num_gpus, r.memory_bytes
+        # A size that grows starts whole and grows by whole units: it holds a need exactly
+        # when it holds the need rounded up, so only a bigger need changes it.
+        if fixed_cpus is None and need_cpus > cpus:
+            cpus = float(math.ceil(need_cpus))
+        if fixed_gpus is None and need_gpus > gpus:
+            gpus = math.ceil(need_gpus)
+        if fixed_mem is None and need_mem > mem:
+            mem = math.ceil(need_mem / GiB) * GiB
         for res, amount in r.custom:
             custom[res] = max(custom.get(res, 0.0), float(math.ceil(amount)))
-        if r.cpus <= cpus and r.num_gpus <= gpus and r.memory_bytes <= mem:
+        if need_cpus <= cpus and need_gpus <= gpus and need_mem <= mem:
             continue
         too_big = [
             f"{what} {need:g} > {have:g}"
@@ -203,26 +206,35 @@ def _workers(
 ) -> tuple[int, int, int] | None:
     """Workers needed at the group's (minimum, initial, maximum) scale, in one pass over its nodes.
 
-    None when replicas x resources overflow a float.
+    None when replicas x resources overflow a float. The three scales' sums are kept apart
+    in plain variables, not indexed lists: this loop runs for every node at every parse and
+    render, and indexing was most of its time.
     """
-    total = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]  # per scale: cpu, gpu, memory
-    extra: list[dict[str, float]] = [{}, {}, {}]
+    cpu_lo = cpu_init = cpu_hi = gpu_lo = gpu_init = gpu_hi = mem_lo = mem_init = mem_hi = 0.0
+    extra: tuple[dict[str, float], ...] = ({}, {}, {})
     spread = [0, 0, 0]  # workers forced by max_replicas_per_node
     for _, node in nodes:
         r = node.resources
         cpu, gpu, memory = r.cpus, r.num_gpus, r.memory_bytes
-        for scale, replicas in enumerate(node.replica_range):
-            t = total[scale]
-            t[0] += replicas * cpu
-            t[1] += replicas * gpu
-            t[2] += replicas * memory
-            for res, amount in r.custom:
-                extra[scale][res] = extra[scale].get(res, 0.0) + replicas * amount
-            if node.max_replicas_per_node and replicas:
-                spread[scale] = max(spread[scale], math.ceil(replicas / node.max_replicas_per_node))
+        lo, init, hi = node.replica_range
+        cpu_lo += lo * cpu
+        cpu_init += init * cpu
+        cpu_hi += hi * cpu
+        gpu_lo += lo * gpu
+        gpu_init += init * gpu
+        gpu_hi += hi * gpu
+        mem_lo += lo * memory
+        mem_init += init * memory
+        mem_hi += hi * memory
+        if r.custom or node.max_replicas_per_node:
+            for scale, replicas in enumerate((lo, init, hi)):
+                for res, amount in r.custom:
+                    extra[scale][res] = extra[scale].get(res, 0.0) + replicas * amount
+                if node.max_replicas_per_node and replicas:
+                    spread[scale] = max(spread[scale], math.ceil(replicas / node.max_replicas_per_node))
     out = []
-    for scale in range(3):
-        cpu_sum, gpu_sum, memory_sum = total[scale]
+    sums = ((cpu_lo, gpu_lo, mem_lo), (cpu_init, gpu_init, mem_init), (cpu_hi, gpu_hi, mem_hi))
+    for scale, (cpu_sum, gpu_sum, memory_sum) in enumerate(sums):
         ratios = [cpu_sum / cpus if cpus else 0.0, gpu_sum / gpus if gpus else 0.0, memory_sum / mem]
         ratios += [amount / custom[res] for res, amount in extra[scale].items()]
         worst = max(ratios)

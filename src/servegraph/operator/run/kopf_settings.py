@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import types
 from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
+import orjson
 
 from servegraph.names import GROUP, PLURAL
 
@@ -54,6 +58,40 @@ def refuse_change_handlers(registry: kopf.OperatorRegistry) -> None:
         )
 
 
+def _watch_loads(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)  # what orjson refuses, the standard library decides (and words the error)
+
+
+_WATCH_JSON = types.SimpleNamespace(loads=_watch_loads)
+
+
+def decode_watch_events_with_orjson() -> bool:
+    """Have kopf decode watch events with orjson: a third of the standard library's CPU.
+
+    kopf reads every event of a watch with `json.loads` and has no setting for the decoder,
+    so this replaces the `json` name in its API module, which it uses for nothing else. A
+    RayService event with a tenant's serve config (~15 KiB) decodes in 24 µs instead of 74.
+    The results are equal for what the API server sends: it never writes an integer beyond
+    64 bits (its own decoder turns such a number into a float), where orjson would round.
+    If a kopf release reads events another way, nothing is replaced: False, and a warning.
+    """
+    from kopf._cogs.clients import api  # kopf's private module: checked before it is touched
+
+    current = getattr(api, "json", None)
+    if current is _WATCH_JSON:
+        return True
+    if current is not json:
+        logging.getLogger("servegraph.operator").warning(
+            "kopf no longer reads watch events with json.loads: left as is"
+        )
+        return False
+    setattr(api, "json", _WATCH_JSON)  # noqa: B010 - a private name mypy would refuse
+    return True
+
+
 def configure(settings: kopf.OperatorSettings, servegraph_selector: str = "") -> None:
     """`servegraph_selector`: the shard's label selector (`sharding.Shard.selector`), sent to
     the API server with the ServeGraph list and watch, so a shard never receives the others'."""
@@ -67,5 +105,6 @@ def configure(settings: kopf.OperatorSettings, servegraph_selector: str = "") ->
     settings.networking.connect_timeout = 10
     settings.networking.request_timeout = 60
     settings.persistence.diffbase_storage = NoDiffBase()
+    decode_watch_events_with_orjson()
     if servegraph_selector:
         settings.watching.label_selectors[GROUP, PLURAL] = servegraph_selector
