@@ -177,7 +177,7 @@ def decode(args: Mapping[str, Any]) -> AppArgs:
         # other node would fail later with a less helpful message.
         for node_id in sorted(defined - _reachable(nodes, ingress)):
             p.add(f'node "{node_id}": not reachable from the ingress "{ingress}"; Serve would not deploy it')
-        too_deep = depth_problem({n.id: n.kind for n in nodes}, [n.id for n in nodes], ingress)
+        too_deep = depth_problem({n.id: n.edges for n in nodes}, [n.id for n in nodes], ingress)
         if too_deep is not None:
             p.add(f'node "{ingress}": {too_deep}')
     telemetry = _decode_telemetry(p, args.get("telemetry", {}))

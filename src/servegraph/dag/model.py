@@ -157,7 +157,8 @@ class Node:
     @property
     def edges(self) -> tuple[str, ...]:
         """Ids of the nodes this node depends on, in declaration order, without repeats."""
-        return tuple(dict.fromkeys(_children(self.kind)))
+        children = _children(self.kind)
+        return tuple(dict.fromkeys(children)) if len(children) > 1 else tuple(children)
 
     @property
     def replica_range(self) -> tuple[int, int, int]:
@@ -173,8 +174,10 @@ class Node:
 def _children(kind: NodeKind) -> list[str]:
     match kind:
         case DeploymentKind(args=args, kwargs=kwargs):
-            values = [*args, *(v for _, v in kwargs)]
-            return [a.node for a in values if isinstance(a, BoundNode)]
+            found = [a.node for a in args if isinstance(a, BoundNode)]
+            if kwargs:
+                found += [v.node for _, v in kwargs if isinstance(v, BoundNode)]
+            return found
         case SequenceKind(steps=steps):
             return list(steps)
         case EnsembleKind(members=members, combiner=combiner):

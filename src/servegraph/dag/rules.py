@@ -96,17 +96,22 @@ hop on each request. Far deeper than any real graph, and refused with a clear me
 than a Serve traceback."""
 
 
-def depth_problem(kinds: Mapping[str, NodeKind], order: Sequence[str], ingress: str) -> str | None:
+def depth_problem(edges: Mapping[str, Sequence[str]], order: Sequence[str], ingress: str) -> str | None:
     """Why the graph is too deep, naming its longest chain; None when it is not.
 
-    `order` lists dependencies first, so one pass finds every node's longest chain."""
+    `edges` are each node's children (`Node.edges`): ids only, not `refs`, whose field
+    paths only a problem needs. `order` lists dependencies first, so one pass finds every
+    node's longest chain."""
     below: dict[str, str | None] = {}
     depth: dict[str, int] = {}
     for node_id in order:
-        children = [ref for _, ref in refs(kinds[node_id]) if ref in depth]
-        deepest = max(children, key=depth.__getitem__, default=None)
+        deepest, most = None, 0
+        for ref in edges[node_id]:
+            d = depth.get(ref, 0)
+            if d > most:  # the first of equally deep children, as in declaration order
+                deepest, most = ref, d
         below[node_id] = deepest
-        depth[node_id] = 1 + (depth[deepest] if deepest is not None else 0)
+        depth[node_id] = 1 + most
     if depth.get(ingress, 0) <= MAX_DEPTH:
         return None
     chain: list[str] = []

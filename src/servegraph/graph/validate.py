@@ -225,7 +225,7 @@ def _application(msg: graph_pb2.Application, problems: list[Problem], budget: Bu
     if len(problems) > before or order is None:
         return None
     kinds = {node_id: node.kind for node_id, node in nodes.items()}
-    if (too_deep := depth_problem(kinds, order, msg.ingress)) is not None:
+    if (too_deep := depth_problem(edges, order, msg.ingress)) is not None:
         add(Problem(where(app=app, node=msg.ingress), too_deep))
         return None
     for node_id, field, message in streams.problems(kinds, order, msg.ingress):
