@@ -244,3 +244,25 @@ def test_a_regression_must_show_in_every_run_of_the_same_key(tmp_path: Path) -> 
     out = io.StringIO()
     assert not regression.check([fine, unfinished], path, out)
     assert "97 of 100 applied in time" in out.getvalue()
+
+
+def test_a_refused_run_is_left_out_when_another_run_of_its_key_is_comparable(tmp_path: Path) -> None:
+    # `make bench` ran twice: the first on a machine 2.4 times slow, the second at the baseline's speed.
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(regression.record([with_floor(results(), 10.0)], path)))
+    crawled, regressed = with_floor(results(), 10.0, 2.4), with_floor(results(), 10.0)
+    crawled["counts"]["1000"]["operator_cpu_s"] = 6.0 * 2.4 * 0.8  # reads -20 % once scaled: must not count
+    regressed["counts"]["1000"]["operator_cpu_s"] = 6.0 * 1.3
+    out = io.StringIO()
+    assert not regression.check([crawled, regressed], path, out)
+    text = out.getvalue()
+    assert "REGRESSION distinct-1000 operator_cpu_s: baseline 6, now 7.8" in text
+    assert "note       distinct-1000: 1 run(s) left out, distinct-1000: its floor took 2.40 times" in text
+    assert "INVALID" not in text
+    fine = with_floor(results(), 10.0)
+    out = io.StringIO()
+    assert regression.check([crawled, fine], path, out), out.getvalue()
+    # with no comparable run left, the key is refused as before
+    out = io.StringIO()
+    assert not regression.check([crawled, crawled], path, out)
+    assert "INVALID    distinct-1000: its floor took 2.40 times the baseline's" in out.getvalue()
