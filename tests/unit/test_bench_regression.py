@@ -266,3 +266,60 @@ def test_a_refused_run_is_left_out_when_another_run_of_its_key_is_comparable(tmp
     out = io.StringIO()
     assert not regression.check([crawled, crawled], path, out)
     assert "INVALID    distinct-1000: its floor took 2.40 times the baseline's" in out.getvalue()
+
+
+def long_storms(run: dict[str, Any], floor_s: float, scale: float = 1.0) -> dict[str, Any]:
+    """Storms long enough for their own floor to measure the machine (the 10,000 run's), on a
+    machine `scale` times slower during them, whatever it was during the round."""
+    for storm in run["storms"]:
+        storm["floor_s"] = floor_s * scale
+        if storm["via"] == "events":
+            continue  # its times are paced (regression.PACED)
+        storm.update({"all_applied_s": 2 * floor_s * scale, "vs_floor": 0.5})
+        storm["p50_s"] *= scale
+        storm["p99_s"] *= scale
+    return run
+
+
+def test_a_long_storm_is_timed_by_its_own_floor(tmp_path: Path) -> None:
+    # The round at the baseline's speed, the storms minutes later on a machine 1.4 times slower:
+    # their times +40 % as measured, unchanged against their own floor.
+    base = long_storms(with_floor(results(), 10.0), 12.0)
+    ok, out = run_check(long_storms(with_floor(results(), 10.0), 12.0, 1.4), base, tmp_path)
+    assert ok, out
+    assert (
+        "ok         distinct-1000 storm_annotation_all_applied_s: baseline 24, now 33.6, 24 at the baseline's speed"
+        in out
+    )
+    assert "info       distinct-1000 storm_annotation_floor_s: baseline 12, now 16.8 (+40%; not gated)" in out
+    # a storm slower against its own floor is a regression, though the round's floor (1.4 times
+    # the baseline's) would have excused it
+    slower = long_storms(with_floor(results(), 10.0, 1.4), 12.0)
+    slower["storms"][1].update({"p50_s": 1.0, "p99_s": 3.0, "all_applied_s": 24.0 * 1.3})
+    ok, out = run_check(slower, base, tmp_path)
+    assert not ok
+    assert (
+        "REGRESSION distinct-1000 storm_annotation_all_applied_s: baseline 24, now 31.2, 31.2 at the baseline's "
+        "speed (+30%" in out
+    )
+    # a storm's floor too far from its baseline's refuses the run, naming that floor
+    ok, out = run_check(long_storms(with_floor(results(), 10.0, 1.3), 12.0, 1.9), base, tmp_path)
+    assert not ok
+    assert (
+        "INVALID    distinct-1000: the events storm's own floor took 1.90 times the baseline's, "
+        "the annotation storm's own floor took 1.90 times the baseline's: the machine is not comparable" in out
+    )
+    assert "its floor took" not in out  # the round's 1.3 is comparable
+
+
+def test_a_short_storm_is_timed_by_the_runs_floor(tmp_path: Path) -> None:
+    # The 1,000 run's storms of 100 graphs: a floor of 2 s swings by more than the tolerance.
+    base = with_floor(results(), 10.0)
+    for storm in base["storms"]:
+        storm["floor_s"] = 2.0
+    noisy = with_floor(results(), 10.0, 1.3)
+    for storm in noisy["storms"]:
+        storm["floor_s"] = 2.0 * 1.9  # would refuse the run, were it trusted
+    ok, out = run_check(noisy, base, tmp_path)
+    assert ok, out
+    assert "storm_annotation_all_applied_s: baseline 4, now 5.2, 4 at the baseline's speed (+0%)" in out
