@@ -94,13 +94,22 @@ times, a baseline recorded on a slow day (floor 11.1 s) would fail a fast day (f
 unchanged 16.9 s: 20.9 s at the baseline's speed, +24 %."""
 
 
+def storm_figure(name: str) -> tuple[str, str] | None:
+    """`storm_<via>_<figure>` as (via, figure); None for a round's figure."""
+    if not name.startswith("storm_"):
+        return None
+    _, via, figure = name.split("_", 2)
+    return via, figure
+
+
 def figure_kind(name: str) -> Figure:
     if name in PER_COUNT:
         return PER_COUNT[name]
     if name in PER_RUN:
         return PER_RUN[name]
-    if name.startswith("storm_"):
-        kind = STORM[name.split("_", 2)[2]]
+    storm = storm_figure(name)
+    if storm is not None:
+        kind = STORM[storm[1]]
         return replace(kind, timed=False) if name in PACED else kind
     raise KeyError(f"unknown figure {name!r}")
 
@@ -170,32 +179,32 @@ def slowdown(baseline: Mapping[str, float], current: Mapping[str, float]) -> flo
 
 
 def storm_floors(figs: Mapping[str, float]) -> dict[str, dict[str, float]]:
-    """Per storm (`storm_<via>`), its floor's figures under the names `floor_of` reads."""
+    """Per storm (by `via`), its floor's figures under the names `floor_of` reads."""
     renamed = {"floor_s": "floor_s", "all_applied_s": "operator_s", "vs_floor": "operator_vs_floor"}
     out: dict[str, dict[str, float]] = {}
     for name, value in figs.items():
-        if name.startswith("storm_"):
-            _, via, figure = name.split("_", 2)
-            if figure in renamed:
-                out.setdefault(f"storm_{via}", {})[renamed[figure]] = value
+        storm = storm_figure(name)
+        if storm is not None and storm[1] in renamed:
+            out.setdefault(storm[0], {})[renamed[storm[1]]] = value
     return out
 
 
 def slowdowns(baseline: Mapping[str, float], current: Mapping[str, float]) -> dict[str, float | None]:
     """The machine's slowdown by each floor that measures it: the run's (`""`), and each storm's
-    (`storm_<via>`) whose floor is long enough to; the other storms' times go by the run's."""
+    (by `via`) whose floor is long enough to; the other storms' times go by the run's."""
     out = {"": slowdown(baseline, current)}
     now = storm_floors(current)
-    for storm, then in storm_floors(baseline).items():
+    for via, then in storm_floors(baseline).items():
         own = floor_of(then)
         if own and own >= STORM_OWN_FLOOR_S:
-            out[storm] = slowdown(then, now.get(storm, {}))
+            out[via] = slowdown(then, now.get(via, {}))
     return out
 
 
 def slowdown_for(name: str, slower: Mapping[str, float | None]) -> float | None:
     """The slowdown of `slowdowns` a figure is scaled by: its storm's own, else the run's."""
-    return slower.get(f"storm_{name.split('_', 2)[1]}", slower[""]) if name.startswith("storm_") else slower[""]
+    storm = storm_figure(name)
+    return slower[""] if storm is None else slower.get(storm[0], slower[""])
 
 
 def regressed(name: str, baseline: float, new: float, tolerance: float = TOLERANCE) -> bool:
@@ -255,7 +264,7 @@ def incomparable(
     out = {}
     for run, figs in sorted(current.items()):
         far = {
-            "its floor" if which == "" else f"the {which.split('_')[1]} storm's own floor": factor
+            "its floor" if which == "" else f"the {which} storm's own floor": factor
             for which, factor in slowdowns(baseline.get(run) or {}, figs).items()
             if factor is not None and not 1 / SPEED_LIMIT <= factor <= SPEED_LIMIT
         }
