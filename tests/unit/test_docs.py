@@ -116,7 +116,6 @@ BASES = [
 ELSEWHERE = {
     "build/pause/linux/pause.c": "Kubernetes' own tree, not this one",
     "build/bench/": "written by `make bench` (git-ignored)",
-    "bench/baseline.json": "recorded by `make bench-baseline`; none is checked in yet",
 }
 
 
@@ -170,6 +169,36 @@ def test_the_path_check_can_fail() -> None:
     assert links == {"docs/none.md"}
     assert not _exists("operator/nothing.py", ROOT) and _exists("render/serve_config.py", ROOT)
     assert _exists("proto/…/graph.proto", ROOT) and _exists("examples/", ROOT)
+
+
+# ---- every --build-arg a doc or sample gives is an ARG a Dockerfile reads ------------
+# Docker ignores a build argument no ARG declares: a renamed ARG would leave the docs
+# building the CPU image under a GPU tag, with no error anywhere.
+
+
+def _build_args(text: str) -> set[str]:
+    return set(re.findall(r"--build-arg ([A-Za-z_][A-Za-z0-9_]*)=", text))
+
+
+def _declared_args() -> set[str]:
+    return {
+        m
+        for f in (ROOT / "docker").glob("*.Dockerfile")
+        for m in re.findall(r"(?m)^ARG ([A-Za-z_][A-Za-z0-9_]*)", f.read_text())
+    }
+
+
+def test_every_build_arg_the_docs_give_is_declared() -> None:
+    texts = [*DOCS, *sorted(SAMPLES.glob("*.yaml"))]
+    given = {(f.relative_to(ROOT).as_posix(), a) for f in texts for a in _build_args(f.read_text())}
+    assert given, "no --build-arg found: the check reads nothing"
+    undeclared = sorted((f, a) for f, a in given if a not in _declared_args())
+    assert not undeclared, f"build arguments no Dockerfile declares (docker ignores them): {undeclared}"
+
+
+def test_the_build_arg_check_can_fail() -> None:
+    assert _build_args("docker build --build-arg RAY_TAG=x --build-arg PIP_NO_INDEX=1 .") == {"RAY_TAG", "PIP_NO_INDEX"}
+    assert "RAY_TAG" not in _declared_args() and "RAY_IMAGE" in _declared_args()
 
 
 # ---- config/samples/complete.txtpb sets every field of the schema --------------------
