@@ -207,6 +207,19 @@ async def test_the_crd_refuses_a_url_without_a_host(kit: Kit, url: str) -> None:
     assert "url must be an absolute URL with a host" in err.value.body
 
 
+@pytest.mark.parametrize(
+    "bundle",
+    [{"secretRef": {"name": ".."}}, {"configMapRef": {"name": "a/b"}}, {"secretRef": {"name": "ca", "key": "../ca"}}],
+    ids=["dot-dot", "slash", "key"],
+)
+async def test_the_crd_refuses_a_ca_bundle_reference_that_is_no_object_name(kit: Kit, bundle: dict[str, Any]) -> None:
+    """Like the token's: a name that is no object's name is refused when written, not when read."""
+    with pytest.raises(ApiException) as err:
+        await kit.servegraph("badca", "x", caBundle=bundle)
+    assert err.value.status == 422
+    assert "spec.source.caBundle." in err.value.body and "should match" in err.value.body
+
+
 async def _post(port: int, token: str, subject: str) -> int:
     headers = {
         "Authorization": f"Bearer {token}",

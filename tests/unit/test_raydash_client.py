@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -88,6 +89,7 @@ class Dashboard:
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
         self.status = 200
+        self.redirect_to: str | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append(
@@ -100,6 +102,8 @@ class Dashboard:
                 "body": await request.text(),
             }
         )
+        if self.redirect_to is not None:  # a proxy in front, sending everyone to its login page
+            raise web.HTTPFound(self.redirect_to)
         if request.headers.get("x-ray-authorization") is None:
             return web.Response(status=401, text="Unauthorized: Missing authentication token")
         if request.headers["x-ray-authorization"] != f"Bearer {TOKEN}":
@@ -113,17 +117,24 @@ class Dashboard:
         return web.Response()
 
 
-@pytest.fixture
-async def dashboard() -> AsyncIterator[tuple[Dashboard, str]]:
-    fake = Dashboard()
+@contextlib.asynccontextmanager
+async def serving(fake: Dashboard) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", fake.handle)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    yield fake, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def dashboard() -> AsyncIterator[tuple[Dashboard, str]]:
+    fake = Dashboard()
+    async with serving(fake) as address:
+        yield fake, address
 
 
 async def test_speaks_the_serve_rest_api_with_the_token_header(dashboard: tuple[Dashboard, str]) -> None:
@@ -176,3 +187,21 @@ async def test_nothing_listening_is_unreachable_not_a_crash() -> None:
         async with RayDashboard(f"http://127.0.0.1:{port}", TOKEN) as dash:
             with pytest.raises(DashboardUnreachable, match=f"no Ray dashboard answers at http://127.0.0.1:{port}"):
                 await dash.version()
+
+
+async def test_a_redirect_is_not_followed_and_the_token_stays(dashboard: tuple[Dashboard, str]) -> None:
+    """A proxy's login page on another origin must not be sent the token: aiohttp drops only
+    `Authorization` on such a redirect, and the dashboard's header is `x-ray-authorization`."""
+    proxy, address = dashboard
+    elsewhere = Dashboard()
+    async with serving(elsewhere) as login:
+        proxy.redirect_to = f"{login}/sso/login?state=abc"
+        async with RayDashboard(address, TOKEN) as dash:
+            with pytest.raises(DashboardError) as raised:
+                await dash.get_applications()
+    assert elsewhere.seen == [], "the redirect was followed"
+    message = str(raised.value)
+    assert message.startswith(
+        f"GET {address}/api/serve/applications/: 302, a redirect to {login}/sso/login, not followed"
+    )
+    assert "state=abc" not in message and TOKEN not in message

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import yarl
 
 APPS_PATH = "/api/serve/applications/"
 TOKEN_ENV = "RAY_AUTH_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -161,6 +162,18 @@ def summarize_message(message: str) -> str:
     return "\n".join(line for line in [head, *tail] if line)
 
 
+def _where(base: str, location: str) -> str:
+    """A redirect's target for a message: its origin and path; no user, query or fragment (a
+    login page's query may carry state)."""
+    if not location:
+        return "nowhere (no Location)"
+    try:
+        target = yarl.URL(base).join(yarl.URL(location))
+        return str(target.origin().with_path(target.path))
+    except ValueError:
+        return "an invalid URL"
+
+
 class RayDashboard:
     """Async client of one dashboard; use as `async with RayDashboard(address) as dash:`."""
 
@@ -218,13 +231,23 @@ class RayDashboard:
         url = self.address + path
         headers = {"content-type": "application/json"} if body is not None else {}
         try:
-            async with self._session.request(method, url, data=body, params=params, headers=headers) as resp:
+            # No redirects: the token is a session header, and aiohttp drops only `Authorization`
+            # when a redirect leaves the origin; a proxy's login page elsewhere would be sent it.
+            async with self._session.request(
+                method, url, data=body, params=params, headers=headers, allow_redirects=False
+            ) as resp:
                 text = await resp.text()
                 status = resp.status
+                location = resp.headers.get("Location", "")
         except TimeoutError:  # before ClientConnectionError: ServerTimeoutError is both
             raise DashboardError(f"{method} {url}: no answer within {self._timeout.total:g}s") from None
         except aiohttp.ClientConnectionError as e:
             raise DashboardUnreachable(f"no Ray dashboard answers at {self.address}: {self._scrub(str(e))}") from None
+        if 300 <= status < 400:
+            raise DashboardError(
+                f"{method} {url}: {status}, a redirect to {_where(url, location)}, not followed: the token goes only "
+                "to --address, so give it the dashboard's own URL (no proxy login in front of it)"
+            )
         if status == 401:
             raise DashboardError(
                 f"{method} {url}: 401, the dashboard requires a token: pass --token, "

@@ -22,7 +22,7 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
 import aiohttp
@@ -82,7 +82,7 @@ class Limits:
 @dataclass(frozen=True)
 class FetchRequest:
     url: str
-    token: str
+    token: str = field(repr=False)
     etag: str | None = None
     timeout_s: float = 30.0
     """The deadline of the whole download: all redirects, retries and backoffs."""
@@ -178,9 +178,10 @@ class RegistryClient:
         except FetchError:
             raise
         except Exception as exc:  # a bug or an aiohttp surprise: still one condition, never the token
-            raise FetchError(
+            failure = FetchError(
                 "FetchFailed", f"download from {where} failed", retryable=True, detail=type(exc).__name__
-            ) from None
+            )
+        raise failure  # outside the handler: see `_attempt`
 
     async def _fetch(self, req: FetchRequest) -> Fetched:
         token = check_token(req.token)
@@ -263,7 +264,11 @@ class RegistryClient:
             except (FetchError, TimeoutError):
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
-                raise _failure(url, exc) from None
+                failure = _failure(url, exc)
+            # Raised here, not in the handler: raised there, even `from None`, the FetchError would
+            # keep aiohttp's exception as its __context__, and a ClientResponseError carries the
+            # request's headers, the bearer token among them.
+            raise failure
         raise FetchError(
             "TooManyRedirects", f"more than {MAX_REDIRECTS} redirects from {safe_url(req.url)}", retryable=False
         )

@@ -79,7 +79,7 @@ class EventsToken:
 
     kube: KubeClient
     ref: SecretKeyRef | None
-    value: str | None = None
+    value: str | None = field(default=None, repr=False)
     read_at: float = -1e9
     warned: bool = False
 
