@@ -1,5 +1,7 @@
-"""Objects that hold a token show none of it in their repr: a `%r` in a log line, an
-assertion message or a traceback's locals would otherwise print it."""
+"""Objects that hold a token show none of it in their repr: a `%r` in a log line or an
+assertion message, or a traceback printer that shows objects by repr, would otherwise print it.
+(A printer of every frame's locals shows the token's own string variables too: the operator
+has none.)"""
 
 from __future__ import annotations
 
