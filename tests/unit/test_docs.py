@@ -192,7 +192,8 @@ def test_every_build_arg_the_docs_give_is_declared() -> None:
     texts = [*DOCS, *sorted(SAMPLES.glob("*.yaml"))]
     given = {(f.relative_to(ROOT).as_posix(), a) for f in texts for a in _build_args(f.read_text())}
     assert given, "no --build-arg found: the check reads nothing"
-    undeclared = sorted((f, a) for f, a in given if a not in _declared_args())
+    declared = _declared_args()
+    undeclared = sorted((f, a) for f, a in given if a not in declared)
     assert not undeclared, f"build arguments no Dockerfile declares (docker ignores them): {undeclared}"
 
 

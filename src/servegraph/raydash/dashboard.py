@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urljoin
 
 import aiohttp
-import yarl
+
+from servegraph.source import safe_url
 
 APPS_PATH = "/api/serve/applications/"
 TOKEN_ENV = "RAY_AUTH_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -162,15 +164,13 @@ def summarize_message(message: str) -> str:
     return "\n".join(line for line in [head, *tail] if line)
 
 
-def _where(base: str, location: str) -> str:
-    """A redirect's target for a message: its origin and path; no user, query or fragment (a
-    login page's query may carry state)."""
+def _target(url: str, location: str) -> str:
+    """A redirect's target as a log may show a URL (`safe_url`: a login page's query may carry state)."""
     if not location:
         return "nowhere (no Location)"
     try:
-        target = yarl.URL(base).join(yarl.URL(location))
-        return str(target.origin().with_path(target.path))
-    except ValueError:
+        return safe_url(urljoin(url, location))
+    except ValueError:  # urljoin's own parse, e.g. an unclosed IPv6 literal
         return "an invalid URL"
 
 
@@ -245,7 +245,7 @@ class RayDashboard:
             raise DashboardUnreachable(f"no Ray dashboard answers at {self.address}: {self._scrub(str(e))}") from None
         if 300 <= status < 400:
             raise DashboardError(
-                f"{method} {url}: {status}, a redirect to {_where(url, location)}, not followed: the token goes only "
+                f"{method} {url}: {status}, a redirect to {_target(url, location)}, not followed: the token goes only "
                 "to --address, so give it the dashboard's own URL (no proxy login in front of it)"
             )
         if status == 401:
