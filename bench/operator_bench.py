@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import regression  # noqa: E402
 import tenant_graphs  # noqa: E402
+from gauge import python_gauge_s  # noqa: E402
 from operator_floor import (  # noqa: E402
     FloorItem,
     configmap,
@@ -486,6 +487,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         PROGRESS_DEADLINE = results["config"]["progress_deadline"] = args.progress_deadline
     if args.cpus_apart:
         results["config"]["cpus_apart"] = True
+    gauges = [python_gauge_s()]  # before and after the run: the machine's speed around it
     with (
         ControlPlane(binaries, crds=[binaries.kuberay_crds, ROOT / "config" / "crd"], audit=True) as cp,
         tempfile.TemporaryDirectory() as tmp,
@@ -564,6 +566,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     verbs[e["verb"]] = verbs.get(e["verb"], 0) + 1
                 results["steady_requests_by_verb"] = verbs
                 results["rss_after_mib"] = rss_mib(op.pid)
+                gauges.append(python_gauge_s())
+                results["python_gauge_samples_s"] = gauges
+                results["python_gauge_s"] = statistics.mean(gauges)
                 async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as r:
                     results["metrics_sample"] = [
                         line

@@ -73,6 +73,9 @@ PER_RUN = {
     "latency_p99_s": Figure("lower", 0.02, timed=True),
     "rss_loaded_mib": Figure("lower", 5.0),
     "steady_writes_per_min": Figure("lower", 0.0),
+    # The machine's Python speed around the run (bench/gauge.py): shown so that a slow day is
+    # seen as one, never gated (the operator's code does not move it).
+    "python_gauge_s": Figure("lower", 0.0, gated=False),
 }
 STORM = {
     "p50_s": Figure("lower", 0.2, timed=True),

@@ -148,6 +148,18 @@ def test_a_storms_ratio_to_its_short_floor_is_shown_but_not_gated(tmp_path: Path
     assert not ok and "REGRESSION distinct-1000 storm_events_all_applied_s" in out
 
 
+def test_the_machines_python_speed_is_shown_but_not_gated(tmp_path: Path) -> None:
+    # A loop 40 % slower is the machine's day, not the operator's code: shown beside the figures.
+    ok, out = run_check(results(python_gauge_s=0.98), results(python_gauge_s=0.7), tmp_path)
+    assert ok, out
+    assert "info       distinct-1000 python_gauge_s: baseline 0.7, now 0.98 (+40%; not gated)" in out
+    assert regression.figures(results(python_gauge_s=0.98))["distinct-1000"]["python_gauge_s"] == 0.98
+    # A baseline recorded before the gauge existed: the figure is new, and the run still passes.
+    ok, out = run_check(results(python_gauge_s=0.98), results(), tmp_path)
+    assert ok, out
+    assert "NEW        distinct-1000 python_gauge_s: 0.98 (no baseline)" in out
+
+
 def with_floor(run: dict[str, Any], floor_s: float, scale: float = 1.0) -> dict[str, Any]:
     """The run measured on a machine `scale` times slower: its floor and every timed figure."""
     for count in run["counts"].values():
