@@ -71,3 +71,38 @@ def test_kopf_decodes_watch_events_with_orjson_and_the_same_result() -> None:
     assert type(decoded["object"]["metadata"]["generation"]) is int
     with pytest.raises(json.JSONDecodeError, match="Expecting"):  # the standard library's words
         api.json.loads('{"type": "ADDED", "object": {')
+
+
+def test_watch_events_lose_their_field_sets_but_keep_who_wrote_them() -> None:
+    """kopf holds each object's last event for seconds; its field sets were near half the dicts the
+    garbage collector walked. The managers stay: a conflict's message names them."""
+    import json
+
+    from kopf._cogs.clients import api
+
+    from servegraph.operator.apply.drift import live_of
+    from servegraph.operator.run.kopf_settings import decode_watch_events_with_orjson
+
+    assert decode_watch_events_with_orjson()
+    fields = {"f:spec": {"f:rayClusterConfig": {".": {}, "f:headGroupSpec": {}}}}
+    entries = [
+        {"manager": "a-person", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": fields},
+        {"manager": "kuberay-operator", "operation": "Update", "subresource": "status", "fieldsV1": fields},
+    ]
+    event = {
+        "type": "ADDED",
+        "object": {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayService",
+            "metadata": {"name": "g", "namespace": "t", "resourceVersion": "7", "managedFields": entries},
+            "spec": {"serveConfigV2": "applications: []\n"},
+        },
+    }
+    decoded = api.json.loads(json.dumps(event))
+    kept = decoded["object"]["metadata"]["managedFields"]
+    assert kept == [{k: v for k, v in e.items() if k != "fieldsV1"} for e in entries]
+    assert decoded["object"]["spec"] == event["object"]["spec"], "only the field sets go"
+    assert live_of(decoded["object"], None).managers == ("a-person",), "KubeRay's status writes name no writer"
+    # Events of other shapes pass as they came: a watch's ERROR carries a Status, a BOOKMARK no fields.
+    for other in ({"type": "ERROR", "object": {"kind": "Status", "code": 410}}, {"type": "BOOKMARK"}, [1, 2]):
+        assert api.json.loads(json.dumps(other)) == other

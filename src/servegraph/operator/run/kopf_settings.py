@@ -60,9 +60,31 @@ def refuse_change_handlers(registry: kopf.OperatorRegistry) -> None:
 
 def _watch_loads(text: str) -> Any:
     try:
-        return orjson.loads(text)
+        event = orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)  # what orjson refuses, the standard library decides (and words the error)
+    drop_field_sets(event)
+    return event
+
+
+def drop_field_sets(event: Any) -> None:
+    """Drop each managedFields entry's `fieldsV1` from a watch event's object, keeping who wrote it.
+
+    `fieldsV1` is the set of fields a manager owns: a second copy of the object's shape,
+    near half the dicts of a RayService as we apply it. Nothing here reads it (the
+    conflict message names the managers only, `drift._whose`); but kopf's per-object
+    worker holds each object's last event for seconds, and every dict alive at a garbage
+    collection is walked by it: at 3,000 ServeGraphs the collector took 6 % of the
+    operator's CPU. Stripped as decoded, the sets are freed at once. controller-runtime's
+    `TransformStripManagedFields` does the same for Go controllers, dropping the whole list.
+    """
+    obj = event.get("object") if isinstance(event, dict) else None
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    entries = meta.get("managedFields") if isinstance(meta, dict) else None
+    if isinstance(entries, list):
+        for entry in entries:
+            if isinstance(entry, dict):
+                entry.pop("fieldsV1", None)
 
 
 _WATCH_JSON = types.SimpleNamespace(loads=_watch_loads)
