@@ -103,6 +103,10 @@ def test_watch_events_lose_their_field_sets_but_keep_who_wrote_them() -> None:
     assert kept == [{k: v for k, v in e.items() if k != "fieldsV1"} for e in entries]
     assert decoded["object"]["spec"] == event["object"]["spec"], "only the field sets go"
     assert live_of(decoded["object"], None).managers == ("a-person",), "KubeRay's status writes name no writer"
+    # A line orjson refuses (a number past a double's range) goes to the standard library: stripped alike.
+    refused = api.json.loads(json.dumps(event).replace('"applications: []\\n"', "1e400"))
+    assert refused["object"]["spec"]["serveConfigV2"] == float("inf"), "decoded by the standard library"
+    assert refused["object"]["metadata"]["managedFields"] == kept
     # Events of other shapes pass as they came: a watch's ERROR carries a Status, a BOOKMARK no fields.
     for other in ({"type": "ERROR", "object": {"kind": "Status", "code": 410}}, {"type": "BOOKMARK"}, [1, 2]):
         assert api.json.loads(json.dumps(other)) == other

@@ -62,7 +62,7 @@ def _watch_loads(text: str) -> Any:
     try:
         event = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)  # what orjson refuses, the standard library decides (and words the error)
+        event = json.loads(text)  # what orjson refuses, the standard library decides (and words the error)
     drop_field_sets(event)
     return event
 
