@@ -7,6 +7,7 @@ server (retries, conflicts and all), not what the client believes it sent.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,10 @@ rules:
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 AuditEvent = dict[str, Any]
+
+
+class AuditLogRotated(RuntimeError):
+    """The log lost what was logged since a mark: counting from it would count too few."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,22 @@ class AuditLog:
         """Completed requests matching every given filter, oldest first.
 
         `user` is the authenticated user name (e.g. "servegraph-operator"), `verbs` the
-        Kubernetes verbs (see WRITE_VERBS), `resource` e.g. "rayservices".
+        Kubernetes verbs (see WRITE_VERBS), `resource` e.g. "rayservices". A log shorter
+        than the mark was rotated or truncated since: an error, never an empty count.
         """
         try:
             with self.path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if since > size:
+                    raise AuditLogRotated(
+                        f"{self.path} holds {size} bytes, fewer than the mark at {since}: it was "
+                        "rotated or truncated, so the requests since the mark cannot be counted"
+                    )
                 f.seek(since)
                 lines = f.read().decode("utf-8", "replace").splitlines()
         except FileNotFoundError:
+            if since:
+                raise AuditLogRotated(f"{self.path} is gone since the mark at {since}") from None
             return []
         found = []
         for line in lines:
