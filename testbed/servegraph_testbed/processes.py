@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -152,6 +153,26 @@ class Component:
             _exited(pgid, None)
         _signal_group(pgid, signal.SIGKILL)  # whatever the leader left behind in its group
         proc.wait()
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM a KeyboardInterrupt in this process, unless something already handles it.
+
+    SIGTERM's default ends a process at once: no `finally`, no `with`, no atexit. Components
+    run in sessions of their own, out of that signal's reach, so a bench stopped with
+    `kill -- -PGID` left its etcd, API server and operator running (2026-11-27). As a
+    KeyboardInterrupt the teardowns run, and pytest ends the session (a SystemExit would fail
+    one test and go on to the next). Signal handlers can be set only from the main thread; a
+    handler someone else installed (an event loop's, a CLI's own) is theirs to keep.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def _exit_status(pid: int) -> str | None:
