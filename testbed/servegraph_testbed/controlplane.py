@@ -40,7 +40,7 @@ from servegraph_testbed.identities import (
     write_token_file,
 )
 from servegraph_testbed.launch import kubernetes_service_ip
-from servegraph_testbed.processes import Component, interrupt_on_sigterm
+from servegraph_testbed.processes import Component, stop_at_exit
 from servegraph_testbed.rest import Json, Rest
 
 KEEP_ENV_VAR = "SERVEGRAPH_TESTENV_KEEP"  # set to 1 to keep the work dir (logs) after stop()
@@ -128,8 +128,7 @@ class ControlPlane:
         binaries = self._binaries or find_binaries()
         self._binaries = binaries
         self._workdir = Path(tempfile.mkdtemp(prefix="servegraph-testenv-"))
-        atexit.register(self.stop)
-        interrupt_on_sigterm()  # a SIGTERM, too: atexit runs only if the process unwinds
+        stop_at_exit(self.stop)
         try:
             self._pki = write_pki(self._workdir, ips=[self.host, kubernetes_service_ip(self.service_cidr)])
             write_token_file(self._workdir / "tokens.csv", self._identities.values())

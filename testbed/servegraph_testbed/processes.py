@@ -7,6 +7,7 @@ outlives a test run, even when the test fails.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -153,6 +154,13 @@ class Component:
             _exited(pgid, None)
         _signal_group(pgid, signal.SIGKILL)  # whatever the leader left behind in its group
         proc.wait()
+
+
+def stop_at_exit(stop: Callable[[], None]) -> None:
+    """Run `stop` when this process exits, SIGTERMed included (`interrupt_on_sigterm`): what
+    starts components outside any `with` (a control plane, a node) must not outlive it."""
+    atexit.register(stop)
+    interrupt_on_sigterm()
 
 
 def interrupt_on_sigterm() -> None:

@@ -24,12 +24,13 @@ from servegraph_testbed import processes
 CHILD = """
 import atexit, sys, time
 from pathlib import Path
-from servegraph_testbed.processes import Component, interrupt_on_sigterm
+from servegraph_testbed.processes import Component, stop_at_exit
 sleeper = Component("sleeper", ["sleep", "600"], Path(sys.argv[1]))
 sleeper.start()
-atexit.register(sleeper.stop)
 if sys.argv[2] == "handled":
-    interrupt_on_sigterm()
+    stop_at_exit(sleeper.stop)
+else:
+    atexit.register(sleeper.stop)
 print(sleeper.pid, flush=True)
 time.sleep(600)
 """

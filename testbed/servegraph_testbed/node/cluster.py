@@ -46,7 +46,7 @@ from servegraph_testbed.node.configs import (
 )
 from servegraph_testbed.node.network import NodeNetwork
 from servegraph_testbed.node.sandbox import command as sandbox_command
-from servegraph_testbed.processes import Component, ComponentError, interrupt_on_sigterm
+from servegraph_testbed.processes import Component, ComponentError, stop_at_exit
 from servegraph_testbed.rest import JSON_PATCH, ApiError
 
 # One node cluster at a time per machine: two would share 2 CPUs with two Ray clusters
@@ -144,8 +144,7 @@ class NodeCluster:
             waiting="node tier: waiting for another node cluster on this machine to stop",
             holder="another node cluster",
         )
-        atexit.register(self.stop)  # an interrupted run still removes the network and cgroups
-        interrupt_on_sigterm()  # a SIGTERM, too: atexit runs only if the process unwinds
+        stop_at_exit(self.stop)  # an interrupted run still removes the network and cgroups
         t0 = time.monotonic()
         self._binaries = binaries
         self._images = self._images or find_images(binaries)
