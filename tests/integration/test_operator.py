@@ -362,6 +362,12 @@ async def test_metrics_endpoint(kit: Kit) -> None:
     assert samples['servegraph_reconcile_duration_seconds_count{result="success"}'] >= 1
     assert samples['servegraph_fetch_duration_seconds_count{code="200"}'] >= 1
     assert samples['servegraph_servegraphs{condition="Applied",status="True"}'] >= 1
+    # The real watch brought the operator's own status writes and applies back, and they went
+    # no further than their decoding (operator/run/echoes.py).
+    assert samples['servegraph_watch_echoes_dropped_total{kind="servegraph"}'] >= 1
+    assert samples['servegraph_watch_echoes_dropped_total{kind="rayservice"}'] >= 1
+    assert samples["process_cpu_seconds_total"] > 0 and samples["process_resident_memory_bytes"] > 2**20
+    assert 'servegraph_gc_collections_total{generation="0"}' in samples
 
 
 async def test_a_first_cluster_that_never_starts_is_named_and_servegraph_status_says_why(

@@ -1,5 +1,6 @@
 """The collector pause restores what it found, even when the work raises; a service's start-up
-is frozen out of the collector's way and its youngest generation collected less often."""
+is frozen out of the collector's way and its youngest generation collected less often; the
+clock counts each run of the collector and its CPU, by generation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import gc
 
 import pytest
 
-from servegraph.gcpause import SERVICE_THRESHOLDS, gc_paused, tune_for_service
+from servegraph.gcpause import CLOCK, SERVICE_THRESHOLDS, CollectorClock, gc_paused, tune_for_service
 
 
 @gc_paused
@@ -52,6 +53,33 @@ def test_a_service_freezes_its_start_up_and_collects_less_often() -> None:
         later: dict[str, object] = {"after": []}
         assert any(later is o for o in gc.get_objects()), "what comes later is collected as before"
         assert gc.isenabled()
+        assert CLOCK._tick in gc.callbacks, "and its collections are counted from then on"
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+        CLOCK.stop()
+
+
+def _cycles(n: int) -> None:
+    for _ in range(n):
+        a: list[object] = []
+        a.append(a)
+
+
+def test_the_clock_counts_each_run_of_a_generation_once_with_its_cpu() -> None:
+    clock = CollectorClock()
+    clock.start()
+    clock.start()  # a second start adds no second callback
+    gc.disable()  # no run but the ones made here
+    try:
+        _cycles(50_000)
+        gc.collect(2)
+        gc.collect(0)
+        assert clock.collections == [1, 0, 1]
+        assert clock.seconds[2] > 0 and clock.seconds[1] == 0
+        clock.stop()
+        gc.collect(2)
+        assert clock.collections == [1, 0, 1], "stopped: no longer counted"
+    finally:
+        gc.enable()
+        clock.stop()

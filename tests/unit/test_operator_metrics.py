@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reconcile_support import KEY, NAME, NS, Cluster
 from test_reconcile_rollout import mini, ready, with_clock
 
+from servegraph.gcpause import CollectorClock
 from servegraph.operator.run.graph_metrics import GraphCounter, GraphHistogram
 from servegraph.operator.run.metrics import PER_GRAPH_BUCKETS, Metrics
 
@@ -35,6 +36,27 @@ def test_downloads_count_for_the_servegraph_being_reconciled() -> None:
     assert samples(metrics, "servegraph_graph_rollouts_total") == [
         ({"namespace": NS, "name": NAME, "graph": "g", "outcome": "rolled_back"}, 1)
     ]
+
+
+def test_the_garbage_collectors_runs_and_cpu_by_generation() -> None:
+    clock = CollectorClock()
+    metrics = Metrics(gc_clock=clock)
+    assert samples(metrics, "servegraph_gc_collections_total") == [({"generation": str(g)}, 0) for g in range(3)]
+    clock.collections[2] += 3
+    clock.seconds[2] += 0.25
+    assert samples(metrics, "servegraph_gc_collections_total")[2] == ({"generation": "2"}, 3)
+    assert samples(metrics, "servegraph_gc_cpu_seconds_total") == [
+        ({"generation": "0"}, 0),
+        ({"generation": "1"}, 0),
+        ({"generation": "2"}, 0.25),
+    ]
+
+
+def test_the_operators_own_cpu_and_memory() -> None:
+    metrics = Metrics()
+    (cpu,) = samples(metrics, "process_cpu_seconds_total")
+    (rss,) = samples(metrics, "process_resident_memory_bytes")
+    assert cpu[1] > 0 and rss[1] > 10 * 2**20
 
 
 async def test_the_live_graph_and_each_rollouts_outcome_through_the_reconciler() -> None:

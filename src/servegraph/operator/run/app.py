@@ -28,6 +28,7 @@ from servegraph.operator.fetch import secrets
 from servegraph.operator.fetch.parsing import GraphParser, default_workers
 from servegraph.operator.fetch.secrets import SecretError, SecretKeyRef
 from servegraph.operator.reconcile import Reconciler
+from servegraph.operator.run.echoes import EchoFilter
 from servegraph.operator.run.events_endpoint import events_app
 from servegraph.operator.run.leader import LeaderElector, LeaseConfig
 from servegraph.operator.run.metrics import Metrics
@@ -112,6 +113,7 @@ class Operator:
     parser: GraphParser
     kube: KubeClient
     metrics: Metrics
+    echoes: EchoFilter
     runners: list[web.AppRunner] = field(default_factory=list)
     workers: list[asyncio.Task[None]] = field(default_factory=list)
     elector_task: asyncio.Task[None] | None = None
@@ -249,7 +251,9 @@ async def start(options: Options) -> Operator:
     )
     if shard.sharded:
         log.info("shard: ServeGraphs selected by %r, lease %s", shard.selector(), options.lease_name)
-    operator = Operator(options, reconciler, queue, registry, parser, kube, metrics)
+    echoes = EchoFilter(reconciler.cache)
+    metrics.registry.register(echoes)
+    operator = Operator(options, reconciler, queue, registry, parser, kube, metrics, echoes)
     if options.events_host is not None:
         token = EventsToken(kube, options.events_token_secret)
         await token.load()

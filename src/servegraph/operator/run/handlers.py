@@ -21,6 +21,7 @@ import kopf
 from servegraph import gcpause
 from servegraph.names import GROUP, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
 from servegraph.operator.run import app, kopf_settings
+from servegraph.operator.run.echoes import RAYSERVICE, SERVEGRAPH
 
 
 @kopf.on.login()
@@ -36,12 +37,14 @@ async def startup(
     memo.operator = await app.start(memo.options)
     # rayservice_index below: every RayService is delivered once before any ServeGraph is.
     memo.operator.reconciler.cache.rayservices_complete = True
+    kopf_settings.drop_echoes(memo.operator.echoes.drop)  # before kopf starts its watches
     gcpause.tune_for_service()
     logger.info("servegraph operator started")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
+    kopf_settings.drop_echoes(None)
     operator = getattr(memo, "operator", None)
     if operator is not None:
         await operator.stop()
@@ -52,6 +55,7 @@ async def servegraph_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     # The watch's selector leaves out other shards' ServeGraphs, and one relabelled away arrives
     # as DELETED; the client-side check keeps that true should an event slip through anyway.
     body = event["object"]
+    memo.operator.echoes.handled(SERVEGRAPH, body)
     gone = event["type"] == "DELETED" or not memo.options.shard.owns(body)
     memo.operator.reconciler.servegraph_changed(body, deleted=gone)
 
@@ -66,6 +70,7 @@ async def rayservice_index(body: kopf.Body, memo: Any, **_: Any) -> None:
     creates one it never saw without reading it first (`WatchCache.rayservices_complete`);
     someone else's is known to be theirs (a `Conflict`) from its record.
     """
+    memo.operator.echoes.handled(RAYSERVICE, body)
     memo.operator.reconciler.rayservice_changed(dict(body))
 
 
@@ -77,4 +82,5 @@ def _deleted(event: kopf.RawEvent, **_: Any) -> bool:
 # spares kopf invoking a handler (its kwargs, loggers, context) on every other RayService event.
 @kopf.on.event(RAY_GROUP, RAY_VERSION, RAY_PLURAL, when=_deleted)
 async def rayservice_deleted(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    memo.operator.echoes.handled(RAYSERVICE, event["object"])
     memo.operator.reconciler.rayservice_changed(event["object"], deleted=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -58,11 +58,24 @@ def refuse_change_handlers(registry: kopf.OperatorRegistry) -> None:
         )
 
 
+_echo: Callable[[Mapping[str, Any]], bool] | None = None
+
+
+def drop_echoes(echo: Callable[[Mapping[str, Any]], bool] | None) -> None:
+    """From now on, a watch event for which `echo` is true reaches kopf as a BOOKMARK, which
+    kopf takes the resource version of and passes to no handler (`run.echoes`); None: none."""
+    global _echo
+    _echo = echo
+
+
 def _watch_loads(text: str) -> Any:
     try:
         event = orjson.loads(text)
     except orjson.JSONDecodeError:
         event = json.loads(text)  # what orjson refuses, the standard library decides (and words the error)
+    if _echo is not None and isinstance(event, dict) and _echo(event):
+        version = event["object"]["metadata"].get("resourceVersion")
+        return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": version}}}
     drop_field_sets(event)
     return event
 

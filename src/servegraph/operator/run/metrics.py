@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator, in a registry of its own.
+"""Prometheus metrics of the operator, in a registry of its own (with the process's CPU and memory).
 
 Besides the operator's own work (reconciles, downloads, API writes), per ServeGraph
 (labels `namespace`, `name`): how long its downloads and reconciles take, which graph
@@ -13,10 +13,11 @@ import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from servegraph.gcpause import CLOCK, CollectorClock
 from servegraph.names import Key
 from servegraph.operator.run.graph_metrics import GraphCounter, GraphHistogram
 
@@ -65,8 +66,36 @@ class _GraphInfoCollector(Collector):
         yield family
 
 
+class _CollectorClockCollector(Collector):
+    """The cyclic garbage collector's runs and CPU by generation (`gcpause.CollectorClock`).
+
+    Its cost grows with what the operator holds (each full run walks every live object),
+    so this is the figure to watch when ServeGraphs per operator grow, and the one any
+    change of the collector's thresholds is judged by."""
+
+    def __init__(self, clock: CollectorClock) -> None:
+        self._clock = clock
+
+    def collect(self) -> Iterable[Metric]:
+        seconds = CounterMetricFamily(
+            "servegraph_gc_cpu_seconds",
+            "CPU seconds the Python cyclic garbage collector took, by generation collected",
+            labels=["generation"],
+        )
+        runs = CounterMetricFamily(
+            "servegraph_gc_collections",
+            "Runs of the Python cyclic garbage collector, by generation",
+            labels=["generation"],
+        )
+        for generation in range(3):
+            seconds.add_metric([str(generation)], self._clock.seconds[generation])
+            runs.add_metric([str(generation)], self._clock.collections[generation])
+        yield seconds
+        yield runs
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, gc_clock: CollectorClock = CLOCK) -> None:
         self.registry = CollectorRegistry()
         self._exists: Callable[[Key], bool] = lambda _key: True
         r = self.registry
@@ -103,6 +132,10 @@ class Metrics:
             r.register(per_graph)
         self._live: dict[Key, dict[str, str]] = {}
         r.register(_GraphInfoCollector(self._live))
+        r.register(_CollectorClockCollector(gc_clock))
+        # process_cpu_seconds_total, process_resident_memory_bytes, ...: the operator's cost,
+        # which docs/install.md sizes per ServeGraph.
+        ProcessCollector(registry=r)
 
     def reconciling(self, key: Key) -> None:
         """The current task now reconciles `key` (each worker task runs one reconcile at a time)."""
