@@ -262,13 +262,17 @@ async def create_servegraphs(api: Any, fleet: Fleet, concurrency: int) -> None:
     await asyncio.gather(*(one(k, u) for k, u in zip(fleet.keys, fleet.urls, strict=True)))
 
 
+async def metrics_text(metrics_url: str) -> str:
+    """One scrape of the operator's /metrics."""
+    async with aiohttp.ClientSession() as s, s.get(metrics_url) as r:
+        return await r.text()
+
+
 async def gc_cpu_s(metrics_url: str) -> float:
     """The operator's garbage-collector CPU so far, from its metrics."""
-    async with aiohttp.ClientSession() as s, s.get(metrics_url) as r:
-        text = await r.text()
     return sum(
         sample.value
-        for family in text_string_to_metric_families(text)
+        for family in text_string_to_metric_families(await metrics_text(metrics_url))
         for sample in family.samples
         if sample.name == "servegraph_gc_cpu_seconds_total"
     )
@@ -591,19 +595,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 gauges.append(python_gauge_s())
                 results["python_gauge_samples_s"] = gauges
                 results["python_gauge_s"] = statistics.mean(gauges)
-                async with aiohttp.ClientSession() as s, s.get(metrics_url) as r:
-                    results["metrics_sample"] = [
-                        line
-                        for line in (await r.text()).splitlines()
-                        if line.startswith(
-                            (
-                                "servegraph_api_writes_total",
-                                "servegraph_reconciles_total",
-                                "servegraph_watch_echoes_dropped_total",
-                                "servegraph_gc_",
-                            )
+                results["metrics_sample"] = [
+                    line
+                    for line in (await metrics_text(metrics_url)).splitlines()
+                    if line.startswith(
+                        (
+                            "servegraph_api_writes_total",
+                            "servegraph_reconciles_total",
+                            "servegraph_watch_echoes_dropped_total",
+                            "servegraph_gc_",
                         )
-                    ]
+                    )
+                ]
         finally:
             await fast.close()
         await registry.stop()
