@@ -24,9 +24,9 @@ from kubernetes_asyncio import client
 
 from servegraph.kube import KubeClient
 from servegraph.names import API_VERSION, GROUP, KIND, PLURAL, REFRESH_ANNOTATION, VERSION
+from servegraph.operator import conditions
 from servegraph.operator.rollout import store
 from servegraph.operator.spec import owner_reference
-from servegraph.operator.status import conditions
 from servegraph_testbed import WRITE_VERBS
 
 

@@ -1,6 +1,6 @@
 """Security limits (issue 14): what one hostile tenant can cost the operator.
 
-    python bench/security_bench.py [--parts fetch,stall,operator] [--deadline 60]
+    python bench/security_bench.py [--parts fetch,stall,render,operator] [--deadline 60]
 
 - fetch: the worst-case time of one download under the deadline, against a registry
   that hangs, redirects slowly, answers 503 with Retry-After or trickles its body;
@@ -8,6 +8,11 @@
   in a thread, and by the operator's parser (a child process, or the loop for graphs
   within its inline limits), for the largest allowed graph, two hostile ones, and three
   hostile ones at the inline limits;
+- render: the longest event-loop stall while the operator renders a graph again whose parsed
+  model left the recent-graphs cache (a spec patch, a new cluster), as it did before issue 45
+  (re-parsed on the loop up to 32 KiB, rendered on it up to 500 nodes) and as it does now
+  (`rendering.desired`: re-parsed by the operator's parser, on the loop only within its inline
+  limits; rendered on the loop up to 200 nodes);
 - operator: `servegraph run` on the real control plane (as operator_bench runs it) given
   the largest allowed graph: its RSS (and its parse child's) and the longest /healthz
   answer while it downloads, parses and renders it.
@@ -272,6 +277,62 @@ async def bench_stall(graphs: dict[str, bytes]) -> list[tuple[str, str, float, f
     return rows
 
 
+# -- render ------------------------------------------------------------------------------------
+
+
+def wide(limit: int = 32 * 1024) -> bytes:
+    """A valid graph of as many nodes as `limit` bytes hold: one sequence over tiny deployments
+    (~1,300 nodes in 32 KiB: what re-parsing up to 32 KiB on the loop let through)."""
+
+    def build(n: int) -> graph_pb2.Graph:
+        msg = graph_pb2.Graph(name="wide", version="1", schema_version=1)
+        app = msg.applications.add(name="a", route_prefix="/a", ingress="s")
+        for i in range(n):
+            app.nodes[f"n{i:x}"].deployment.import_path = "m:C"
+            app.nodes["s"].sequence.steps.add().id = f"n{i:x}"
+        return msg
+
+    return _grown(build, limit)
+
+
+async def bench_render(graphs: dict[str, bytes]) -> list[tuple[str, str, float, float]]:
+    from servegraph.operator.apply import rendering
+    from servegraph.operator.cache import WatchCache
+    from servegraph.operator.spec import parse_spec
+    from servegraph.operator.values import GoodGraph
+    from servegraph.render import render_rayservice
+
+    gcpause.tune_for_service()
+    parser = GraphParser()
+    await parser.start()
+    spec = parse_spec({"source": {"url": "https://r/g", "tokenSecretRef": {"name": "t"}}}, "ns")
+    body = {"metadata": {"name": "g", "namespace": "ns", "uid": "u", "generation": 1}}
+    rows = []
+    try:
+        for name, data in graphs.items():
+            graph = parse_graph(data, max_bytes=len(data))
+            good = GoodGraph.of(graph, name, data)
+            options = spec.rayservice_options("g", "ns", {"uid": "u"})
+
+            async def before(data: bytes = data, graph: Any = graph, options: Any = options) -> None:
+                parsed = parse_graph(data, max_bytes=len(data)) if len(data) <= 32 * 1024 else graph
+                if parsed.node_count <= 500:
+                    render_rayservice(parsed, options)
+                else:
+                    await asyncio.to_thread(render_rayservice, parsed, options)
+
+            async def now(good: GoodGraph = good) -> None:
+                await rendering.desired(None, good, spec, body, None, WatchCache(), parser.parse)
+
+            for how, work in (("before (issue 45)", before), ("now", now)):
+                stall, took = await longest_stall(work)
+                rows.append((name, how, stall, took))
+                print(f"  render: {name}, {how}: longest {stall * 1000:.0f} ms over {took:.2f} s", file=sys.stderr)
+    finally:
+        await parser.close()
+    return rows
+
+
 # -- the operator ----------------------------------------------------------------------------
 
 
@@ -383,7 +444,7 @@ def versions() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--parts", default="fetch,stall,operator")
+    parser.add_argument("--parts", default="fetch,stall,render,operator")
     parser.add_argument("--deadline", type=float, default=Limits().deadline_s)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -407,6 +468,19 @@ def main() -> int:
         print("|---|---|---:|---:|")
         for name, how, stall, took in stall_rows:
             print(f"| {name} | {how} | {stall * 1000:.0f} ms | {took:.2f} s |")
+    if "render" in parts:
+        wide_graph = wide()
+        graphs = {
+            f"{parse_graph(wide_graph).node_count:,} nodes in {len(wide_graph):,} bytes": wide_graph,
+            "500 nodes (render_bench's shape)": make_graph(500),
+            "200 nodes (render_bench's shape)": make_graph(200),
+            "the mini sample": (ROOT / "config" / "samples" / "mini.pb").read_bytes(),
+        }
+        render_rows = asyncio.run(bench_render(graphs))
+        print("\n| graph rendered again, its model evicted | how | longest loop stall | took |")
+        print("|---|---|---:|---:|")
+        for name, how, stall, took in render_rows:
+            print(f"| {name} | {how} | {stall * 1000:.0f} ms | {took * 1000:.0f} ms |")
     if "operator" in parts:
         r = asyncio.run(bench_operator(largest))
         print(f"\n| the operator given the largest allowed graph ({len(largest):,} bytes) | |")

@@ -8,17 +8,22 @@ from pathlib import Path
 
 import pytest
 import trustme
-from support import REGISTRY_TOKEN, testenv_dir
+from support import REGISTRY_TOKEN
 
+from servegraph_testbed import find_binaries
+from servegraph_testbed.binaries import Binaries
 from servegraph_testbed.registry import Registry, RegistryServer
 
 pytest_plugins = ("servegraph_testbed.pytest_plugin",)  # SIGTERM tears down like Ctrl-C
+VERSIONS = Binaries(Path()).versions  # hack/testenv/versions.env: {"KUBERAY": "v1.7.0", ...}
 
 
-@pytest.fixture(scope="session")
-def kuberay_crds() -> Path:
-    """KubeRay's own CRD files, from the module the operator is built from."""
-    return testenv_dir() / "crds"
+@pytest.fixture(scope="session", params=["KUBERAY", "KUBERAY_PREVIOUS"], ids=lambda v: VERSIONS[v])
+def kuberay_crds(request: pytest.FixtureRequest) -> Path:
+    """KubeRay's own CRD files, from its Go module: every test of a render against them runs
+    twice, against the KubeRay the test bed runs and the previous one servegraph supports."""
+    binaries = find_binaries()
+    return (binaries if request.param == "KUBERAY" else binaries.kuberay_previous).kuberay_crds
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Builds (once) every binary the test bed runs, from the Go module proxy with the
 # go.sum files committed next to this script, plus the Debian packages a node needs:
-#   control plane: kube-apiserver, etcd, kubectl, the KubeRay operator, Helm
+#   control plane: kube-apiserver, etcd, kubectl, the KubeRay operator (and the previous
+#                  KubeRay servegraph supports, for the integration tier), Helm
 #   node:          kubelet, kube-controller-manager, kube-scheduler, kube-proxy,
-#                  CoreDNS (kubernetes plugin), pause (Kubernetes' own pause.c);
+#                  CoreDNS (kubernetes plugin), pause (Kubernetes' own pause.c),
+#                  Traefik (the Gateway API implementation);
 #                  containerd, runc, CNI plugins, iptables, conntrack, buildah and
 #                  mmdebstrap from Debian (installed with apt-get when missing);
-#                  Prometheus (the observability tests scrape the node with it).
+#                  Prometheus (the observability tests scrape the node with it);
+#   every tier:    graphviz from Debian (`servegraph inspect -o svg`'s renderer).
 # Each binary is cached under ~/.cache/servegraph/testenv/<tool>-<version>/ so a second
 # run builds nothing. KUBEBUILDER_ASSETS (setup-envtest users) supplies kube-apiserver
 # and etcd when it holds them. The last line printed is the directory that holds
-# every binary (plus crds/ with KubeRay's CRDs, rbac/ with its ClusterRole and
-# kuberay-config/ with its kustomize tree).
+# every binary (plus crds/ with KubeRay's CRDs, rbac/ with its ClusterRole,
+# kuberay-config/ with its kustomize tree, gateway-crds/ with the Gateway API's, and
+# kuberay-previous/ with the previous KubeRay's operator, crds/ and rbac/).
 #
 # SERVEGRAPH_TESTBED_TIER=controlplane skips the node's binaries and packages.
 set -euo pipefail
@@ -32,6 +36,42 @@ export GOFLAGS="-mod=readonly -trimpath"
 export CGO_ENABLED=0
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
+
+# The KubeRay module's zip. The Go module proxy lists v1.7.0 (its .info and .mod) but refuses
+# its zip ("403 This module version is not available"). Then the zip is made from the
+# release's tag in KubeRay's Git repository ($SERVEGRAPH_KUBERAY_GIT, a URL or a local
+# clone), with the proxy's own rules (modzip/, golang.org/x/mod/zip), and served to the go
+# command from a file:// proxy in the cache. The go command checks it against go.sum, whose
+# hash is the checksum database's (sum.golang.org), so what is built is the release
+# whichever way it came.
+kuberay_module() {
+  local mod=github.com/ray-project/kuberay/ray-operator proxy="$cache/goproxy"
+  local dir="$proxy/$mod/@v"
+  if (cd "$here/kuberay" && go mod download "$mod") 2>/dev/null; then
+    return
+  fi
+  local repo="${SERVEGRAPH_KUBERAY_GIT:-https://github.com/ray-project/kuberay.git}" tag="ray-operator/$KUBERAY_VERSION"
+  log "the Go module proxy refuses $mod@$KUBERAY_VERSION's zip: making it from tag $tag of $repo"
+  local tmp
+  tmp=$(mktemp -d)
+  if ! git clone -q --no-checkout "$repo" "$tmp/kuberay" ||
+    ! git -C "$tmp/kuberay" fetch -q origin "refs/tags/$tag:refs/tags/$tag"; then
+    rm -rf "$tmp"
+    log "cannot read tag $tag from $repo: set SERVEGRAPH_KUBERAY_GIT to a clone of"
+    log "https://github.com/ray-project/kuberay that has it (its zip is checked against go.sum either way)"
+    exit 1
+  fi
+  mkdir -p "$dir"
+  (cd "$here/modzip" && go run . "$tmp/kuberay" "$tag" ray-operator "$mod" "$KUBERAY_VERSION" "$dir/$KUBERAY_VERSION.zip")
+  rm -rf "$tmp"
+  # The proxy serves the version's .info and .mod: the go command fetches them itself.
+  local meta
+  meta=$(cd "$here/kuberay" && go list -m -json "$mod@$KUBERAY_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+  cp "${meta%.mod}.info" "$dir/$KUBERAY_VERSION.info"
+  cp "$meta" "$dir/$KUBERAY_VERSION.mod"
+  printf '%s\n' "$KUBERAY_VERSION" >"$dir/list"
+  (cd "$here/kuberay" && go mod download "$mod")  # checked against go.sum here
+}
 
 # build TOOL_DIR VERSION BINARY PACKAGE [LDFLAGS]: go build into the cache once.
 build() {
@@ -125,6 +165,19 @@ install_packages() {
   fi
 }
 
+# Graphviz's dot draws `servegraph inspect -o svg` in the unit tier, whatever the tier built here.
+install_graphviz() {
+  command -v dot >/dev/null && return
+  if [[ $(id -u) -ne 0 ]]; then
+    log "missing Debian package: graphviz (tests/unit/test_inspect_svg.py needs dot; run as root, or: sudo apt-get install graphviz)"
+    return
+  fi
+  log "installing Debian package: graphviz"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends graphviz >&2
+}
+install_graphviz
+
 assets="${KUBEBUILDER_ASSETS:-}"
 k8s_cmds=(kubectl)
 if [[ -n "$assets" && -x "$assets/kube-apiserver" && -x "$assets/etcd" ]]; then
@@ -144,12 +197,20 @@ build_kubernetes "${k8s_cmds[@]}" >/dev/null
 k8s() { printf '%s\n' "$cache/$1-$KUBERNETES_VERSION/$1"; }
 [[ -n "${apiserver:-}" ]] || apiserver=$(k8s kube-apiserver)
 kubectl=$(k8s kubectl)
+# The file:// proxy first: it holds only what kuberay_module made (the proxy says 404 for the
+# rest, and the go command then asks the next one).
+mkdir -p "$cache/goproxy"
+export GOPROXY="file://$cache/goproxy,$(go env GOPROXY)"
+[[ -x "$cache/kuberay-operator-$KUBERAY_VERSION/kuberay-operator" ]] || kuberay_module
 kuberay=$(build kuberay "$KUBERAY_VERSION" kuberay-operator github.com/ray-project/kuberay/ray-operator)
+kuberay_previous=$(build kuberay-previous "$KUBERAY_PREVIOUS_VERSION" kuberay-operator github.com/ray-project/kuberay/ray-operator)
 helm=$(build helm "$HELM_VERSION" helm helm.sh/helm/v3/cmd/helm)
 if [[ "$tier" == node ]]; then
   for cmd in kubelet kube-controller-manager kube-scheduler kube-proxy; do node_bins+=("$(k8s "$cmd")"); done
   node_bins+=("$(build coredns "$COREDNS_VERSION" coredns servegraph.local/testenv/coredns)")
   node_bins+=("$(build_pause)")
+  node_bins+=("$(build traefik "$TRAEFIK_VERSION" traefik github.com/traefik/traefik/v3/cmd/traefik \
+    "-X github.com/traefik/traefik/v3/pkg/version.Version=${TRAEFIK_VERSION#v}")")
   # The web UI's assets are not needed (tests use the HTTP API): without the `builtinassets`
   # tag Prometheus serves them from disk and builds without Node.js. `remove_all_sd` with
   # `enable_kubernetes_sd` links one service discovery (the test bed's pods) instead of
@@ -161,8 +222,8 @@ fi
 
 # One directory with every binary, keyed by the versions it holds.
 # (layout-N: bump when the directory's contents change shape.)
-key="layout-2.k8s-$KUBERNETES_VERSION.etcd-$ETCD_VERSION.kuberay-$KUBERAY_VERSION.helm-$HELM_VERSION"
-[[ "$tier" == node ]] && key="$key.coredns-$COREDNS_VERSION.pause-$PAUSE_VERSION.prometheus-$PROMETHEUS_VERSION"
+key="layout-3.k8s-$KUBERNETES_VERSION.etcd-$ETCD_VERSION.kuberay-$KUBERAY_VERSION-$KUBERAY_PREVIOUS_VERSION.helm-$HELM_VERSION"
+[[ "$tier" == node ]] && key="$key.coredns-$COREDNS_VERSION.pause-$PAUSE_VERSION.prometheus-$PROMETHEUS_VERSION.traefik-$TRAEFIK_VERSION"
 [[ -n "$assets" && "$apiserver" == "$assets/"* ]] && key="$key.assets-$(printf '%s' "$assets" | cksum | cut -d' ' -f1)"
 bin="$cache/bin-$key"
 # rbac/ holds KubeRay's generated ClusterRole, so the harness can run the operator with
@@ -179,12 +240,25 @@ if [[ ! -f "$bin/.complete" ]]; then
   # node tier to install KubeRay exactly as its users do.
   cp -r "$moddir/config" "$bin.tmp/kuberay-config"
   cp "$moddir"/config/rbac/role.yaml "$bin.tmp/rbac/kuberay-operator-role.yaml"
+  # The previous KubeRay: its operator, CRDs and ClusterRole, for the integration tier.
+  prevdir=$(cd "$here/kuberay-previous" && go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
+  mkdir -p "$bin.tmp/kuberay-previous/crds" "$bin.tmp/kuberay-previous/rbac"
+  ln -sf "$kuberay_previous" "$bin.tmp/kuberay-previous/kuberay-operator"
+  cp "$prevdir"/config/crd/bases/ray.io_*.yaml "$bin.tmp/kuberay-previous/crds/"
+  cp "$prevdir"/config/rbac/role.yaml "$bin.tmp/kuberay-previous/rbac/kuberay-operator-role.yaml"
   # The Gateway API's standard CRDs, at the version KubeRay builds against: its incremental
-  # upgrade creates Gateways and HTTPRoutes.
+  # upgrade creates Gateways and HTTPRoutes. Traefik must build against the same minor
+  # version (it watches exactly the kinds and versions of its Gateway API module).
   gwdir=$(cd "$here/kuberay" && go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)
   mkdir -p "$bin.tmp/gateway-crds"
   cp "$gwdir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$bin.tmp/gateway-crds/"
   if [[ "$tier" == node ]]; then
+    gw_kuberay=$(cd "$here/kuberay" && go list -m -f '{{.Version}}' sigs.k8s.io/gateway-api)
+    gw_traefik=$(cd "$here/traefik" && go list -m -f '{{.Version}}' sigs.k8s.io/gateway-api)
+    if [[ "${gw_kuberay%.*}" != "${gw_traefik%.*}" ]]; then
+      log "KubeRay builds against Gateway API $gw_kuberay, Traefik against $gw_traefik: pick versions that agree"
+      exit 1
+    fi
     # Kubernetes' own Dockerfile of the pause image, built by the test bed around our pause.
     k8sdir=$(cd "$here/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
     cp "$k8sdir/build/pause/Dockerfile" "$bin.tmp/pause.Dockerfile"

@@ -4,7 +4,7 @@ grpcio is imported by the first call, not with this module: the operator and its
 image have no use for it, while Ray Serve (`ray[serve]`) brings it along. Payloads
 and results are plain JSON values on this side and `google.protobuf.Value` on the
 wire; the application is chosen by the `application` metadata key, as for any
-call through Ray Serve's gRPC proxy.
+call through Ray Serve's gRPC proxy, and headers travel as metadata too.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ def call(
 ) -> Any:
     """The application's result for one request; raises CallError."""
     grpc, stubs = _grpc()
-    request = service_pb2.CallRequest(payload=to_value(payload), headers=dict(headers or {}))
+    request = service_pb2.CallRequest(payload=to_value(payload))
     with grpc.insecure_channel(target) as channel:
         try:
             response = stubs.GraphServiceStub(channel).Call(
-                request, metadata=((APPLICATION_METADATA, application),), timeout=timeout_s
+                request, metadata=_metadata(application, headers), timeout=timeout_s
             )
         except grpc.RpcError as e:
             raise _rpc_error(e, application) from None
@@ -68,20 +68,37 @@ def stream(
     """The application's items as they arrive; raises CallError, also after items when
     the stream ended with an error. `timeout_s` bounds the whole stream."""
     grpc, stubs = _grpc()
-    request = service_pb2.StreamRequest(payload=to_value(payload), headers=dict(headers or {}))
+    request = service_pb2.StreamRequest(payload=to_value(payload))
     # A consumer that stops early closes the channel, which cancels the stream: the
     # graph's generators stop too.
     with grpc.insecure_channel(target) as channel:
         responses = stubs.GraphServiceStub(channel).Stream(
-            request, metadata=((APPLICATION_METADATA, application),), timeout=timeout_s
+            request, metadata=_metadata(application, headers), timeout=timeout_s
         )
+        failed: CallError | None = None
         try:
             for response in responses:
                 if response.HasField("error"):
-                    raise _graph_error(response.error)
+                    # The last message; the status after it says more when it is not OK
+                    # (a request refused over a limit), so it is read before raising.
+                    failed = _graph_error(response.error)
+                    continue
                 yield from_value(response.item)
         except grpc.RpcError as e:
             raise _rpc_error(e, application) from None
+        if failed is not None:
+            raise failed
+
+
+def _metadata(application: str, headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """The application to route to, and the headers: gRPC metadata, as a gateway sees them.
+
+    Names are lower-cased (gRPC requires it; the graph matches them case-insensitively).
+    `application` is Ray Serve's routing key, so no header may take that name."""
+    extra = tuple((name.lower(), value) for name, value in (headers or {}).items())
+    if any(name == APPLICATION_METADATA for name, _ in extra):
+        raise CallError(f"{APPLICATION_METADATA!r} is the metadata key Ray Serve routes by, not a header")
+    return ((APPLICATION_METADATA, application), *extra)
 
 
 def _graph_error(error: service_pb2.Error) -> CallError:

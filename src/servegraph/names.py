@@ -25,6 +25,13 @@ RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
 RAY_PLURAL = "rayservices"
 RAY_KIND = "RayService"
 
+# The Gateway API's HTTPRoute a ServeGraph's spec.expose makes, on an administrator's Gateway.
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+GATEWAY_VERSION = "v1"
+GATEWAY_API_VERSION = f"{GATEWAY_GROUP}/{GATEWAY_VERSION}"
+ROUTE_PLURAL = "httproutes"
+ROUTE_KIND = "HTTPRoute"
+
 # On every RayService the operator owns; the operator's RayService watch selects by it.
 GRAPH_LABEL = f"{GROUP}/graph"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -39,6 +46,9 @@ REFRESH_ANNOTATION = f"{GROUP}/refresh"
 # Set on a ServeGraph (by users or `servegraph restart`) to roll its Ray cluster: the value is
 # rendered into the head and worker pod templates, so KubeRay builds a new cluster.
 RESTARTED_AT_ANNOTATION = f"{GROUP}/restartedAt"
+CANARY_ANNOTATION = f"{GROUP}/canary"
+"""`promote@<time>` or `abort@<time>` (`servegraph promote|abort NAME`): the operator ends the
+running canary so, once per value (operator/rollout/canary.py)."""
 
 # On the head's pod template when applications name their own gRPC servicer functions: a
 # digest of the list. Ray Serve reads gRPC options only when it starts, so a changed list

@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "testenv" / "build.sh"
 VERSIONS_FILE = REPO_ROOT / "hack" / "testenv" / "versions.env"
 NAMES = ("kube-apiserver", "etcd", "kubectl", "kuberay-operator", "helm")
-NODE_NAMES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy", "coredns", "pause")
+NODE_NAMES = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy", "coredns", "pause", "traefik")
 
 
 class BinariesNotFound(RuntimeError):
@@ -83,6 +83,11 @@ class Binaries:
         return self.root / "prometheus"
 
     @property
+    def traefik(self) -> Path:
+        """Traefik, the node tier's Gateway API implementation (node/gateway.py)."""
+        return self.root / "traefik"
+
+    @property
     def pause_dockerfile(self) -> Path:
         """Kubernetes' own build/pause/Dockerfile, from the module the binaries come from."""
         return self.root / "pause.Dockerfile"
@@ -98,8 +103,14 @@ class Binaries:
         return self.root / "kuberay-config"
 
     @property
+    def kuberay_previous(self) -> Binaries:
+        """The previous KubeRay servegraph supports (KUBERAY_PREVIOUS_VERSION): a directory
+        with its `kuberay-operator`, `crds/` and `rbac/`, laid out as this one."""
+        return Binaries(self.root / "kuberay-previous")
+
+    @property
     def versions(self) -> dict[str, str]:
-        """hack/testenv/versions.env without the _VERSION suffix: {'KUBERAY': 'v1.6.2', ...}."""
+        """hack/testenv/versions.env without the _VERSION suffix: {'KUBERAY': 'v1.7.0', ...}."""
         out = {}
         for line in VERSIONS_FILE.read_text().splitlines():
             name, sep, value = line.partition("=")

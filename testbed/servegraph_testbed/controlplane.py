@@ -2,7 +2,8 @@
 
 What controller-runtime's envtest runs, plus what our tests need beyond it: RBAC with
 static identities, a kubeconfig per identity, CRD installation, an optional audit log,
-and an API server restart that keeps etcd (to prove the operator survives one).
+and the faults the chaos tests make under the operator: an API server restarted or
+SIGKILLed (etcd kept), etcd stopped and started again on its data, etcd compacted.
 There is no controller-manager: owner references are stored but never garbage
 collected, namespaces never finish terminating, pods stay Pending.
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from servegraph_testbed import launch
+from servegraph_testbed import etcd, launch
 from servegraph_testbed.audit import DEFAULT_POLICY, AuditLog
 from servegraph_testbed.binaries import Binaries, find_binaries
 from servegraph_testbed.certs import PkiFiles, write_pki
@@ -168,17 +169,40 @@ class ControlPlane:
         if errors:
             raise errors[0]
 
-    def restart_apiserver(self, downtime: float = 0.0) -> None:
-        """Stop kube-apiserver, wait `downtime` s, start it again on the same port and etcd.
+    def restart_apiserver(self, downtime: float = 0.0, *, kill: bool = False) -> None:
+        """Stop kube-apiserver (SIGTERM, or SIGKILL with `kill`: no graceful shutdown, what is in
+        flight is cut), wait `downtime` s, start it again on the same port and etcd.
 
         Clients keep their kubeconfigs; the data survives. Blocking: from async code run
         it with `await asyncio.to_thread(cp.restart_apiserver)` so the loop keeps going.
         """
         apiserver = self._require(self._apiserver, "API server")
-        apiserver.stop()
+        if kill:
+            apiserver.kill()
+        else:
+            apiserver.stop()
         time.sleep(downtime)
         apiserver.start()
         self._wait_apiserver_ready(apiserver)
+
+    def stop_etcd(self) -> None:
+        """Stop etcd; its data dir stays. The API server runs on, and every request that
+        needs storage hangs until it times out (a storage outage)."""
+        self._require(self._etcd, "etcd").stop()
+
+    def start_etcd(self, *, wait_apiserver: bool = True) -> None:
+        """Start etcd again on its port and data dir; wait until it is healthy and (unless told
+        not to) until the API server is ready again, which re-initializes its storage first."""
+        etcd = self._require(self._etcd, "etcd")
+        etcd.start()
+        etcd.wait_ready(lambda: launch.etcd_ready(self.etcd_port), self.ready_timeout)
+        if wait_apiserver:
+            self._wait_apiserver_ready(self._require(self._apiserver, "API server"))
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history to its current revision (returned): see etcd.compact."""
+        self._require(self._etcd, "etcd")
+        return etcd.compact(self.etcd_port)
 
     def _start_etcd(self, binaries: Binaries) -> None:
         def make(port: int) -> Component:

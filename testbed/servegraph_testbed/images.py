@@ -72,7 +72,7 @@ class ImageSet:
         return cls(archives, path)
 
     def ref(self, role: str) -> str:
-        """The image reference of a role ('ray', 'operator', 'kuberay', 'coredns', 'pause')."""
+        """The image reference of a role ('ray', 'operator', 'kuberay', 'coredns', 'traefik', 'pause')."""
         data = json.loads(self.path.read_text())
         ref: str = data["roles"][role]
         return ref
@@ -308,6 +308,7 @@ def _binary_images(binaries: Binaries, tmp: Path) -> Iterator[tuple[str, str, Pa
     for role, binary, ref in (
         ("kuberay", binaries.kuberay_operator, f"localhost/servegraph-testbed/kuberay-operator:{version['KUBERAY']}"),
         ("coredns", binaries.coredns, f"localhost/servegraph-testbed/coredns:{version['COREDNS']}"),
+        ("traefik", binaries.traefik, f"localhost/servegraph-testbed/traefik:{version['TRAEFIK']}"),
     ):
         ctx = tmp / role
         ctx.mkdir()

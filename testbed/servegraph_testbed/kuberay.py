@@ -12,6 +12,7 @@ from types import TracebackType
 
 import yaml
 
+from servegraph_testbed.binaries import Binaries
 from servegraph_testbed.controlplane import ControlPlane
 from servegraph_testbed.identities import ADMIN
 from servegraph_testbed.processes import Component, free_port, http_probe
@@ -22,7 +23,9 @@ RBAC_PATH = "/apis/rbac.authorization.k8s.io/v1"
 class KubeRayOperator:
     """kuberay-operator (leader election off, all namespaces unless told) as a child process.
 
-    `name` names its process and log file (`cp.component_log(name)`).
+    `name` names its process and log file (`cp.component_log(name)`). `kuberay` picks the
+    KubeRay: the control plane's (default), or a directory laid out alike, such as
+    `cp.binaries.kuberay_previous` (its operator, crds/ and rbac/).
     """
 
     def __init__(
@@ -34,8 +37,10 @@ class KubeRayOperator:
         watch_namespaces: Sequence[str] = (),
         extra_args: Sequence[str] = (),
         ready_timeout: float = 60.0,
+        kuberay: Binaries | None = None,
     ) -> None:
         self.control_plane = control_plane
+        self.kuberay = kuberay or control_plane.binaries
         self.identity = identity
         self.name = name
         self.watch_namespaces = list(watch_namespaces)
@@ -57,12 +62,12 @@ class KubeRayOperator:
     def start(self) -> KubeRayOperator:
         """Install KubeRay's CRDs and RBAC, start the operator, wait for its /readyz."""
         cp = self.control_plane
-        cp.install_crds(cp.binaries.kuberay_crds)
+        cp.install_crds(self.kuberay.kuberay_crds)
         if self.identity != ADMIN:
             self._grant_rbac()
         probe_port = free_port()
         argv = [
-            str(cp.binaries.kuberay_operator),
+            str(self.kuberay.kuberay_operator),
             "--enable-leader-election=false",
             "--metrics-addr=0",  # controller-runtime: 0 turns the metrics server off
             f"--health-probe-bind-address=127.0.0.1:{probe_port}",
@@ -94,7 +99,7 @@ class KubeRayOperator:
     def _grant_rbac(self) -> None:
         """Bind KubeRay's shipped ClusterRole to the identity's user."""
         cp = self.control_plane
-        role_file = cp.binaries.kuberay_rbac
+        role_file = self.kuberay.kuberay_rbac
         if not role_file.is_file():
             raise FileNotFoundError(f"{role_file} missing: rerun hack/testenv/build.sh, or run KubeRay as {ADMIN!r}")
         role = yaml.safe_load(role_file.read_text())

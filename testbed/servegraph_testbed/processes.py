@@ -137,6 +137,22 @@ class Component:
                 raise self.error(f"not ready after {timeout:.0f} s (last probe: {detail})")
             time.sleep(0.05)
 
+    def kill(self) -> None:
+        """SIGKILL the process group, no grace (a crash, an OOM kill), and reap the leader."""
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGKILL)
+        self.stop()
+
+    def pause(self) -> None:
+        """SIGSTOP the process group: it holds its connections and does nothing (a long GC
+        pause, a throttled or frozen VM) until `resume`."""
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            _signal_group(self._proc.pid, signal.SIGCONT)
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL it after `grace` seconds, and reap the leader.
 
@@ -149,6 +165,7 @@ class Component:
             return
         pgid = proc.pid  # start_new_session=True: the group id is the leader's pid
         _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, signal.SIGCONT)  # a paused group gets the SIGTERM too
         if not _exited(pgid, grace):
             _signal_group(pgid, signal.SIGKILL)
             _exited(pgid, None)

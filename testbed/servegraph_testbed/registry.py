@@ -30,7 +30,8 @@ class Fault:
     close. redirect_to: answer 307 to this URL. retry_after: Retry-After value.
     chunked: stream the body without a Content-Length. stall_body_s: send the headers
     and half the body, then wait this long before the rest (a registry that answered
-    but is slow to finish).
+    but is slow to finish). trickle_bytes_per_s: send the body at this pace, a few bytes
+    at a time (a registry that holds a download to its deadline).
     """
 
     status: int | None = None
@@ -41,6 +42,7 @@ class Fault:
     retry_after: str | None = None
     chunked: bool = False
     stall_body_s: float = 0.0
+    trickle_bytes_per_s: float = 0.0
 
 
 @dataclass
@@ -106,6 +108,14 @@ def make_app(registry: Registry) -> web.Application:
             await resp.write(data[: len(data) // 2])
             await asyncio.sleep(fault.stall_body_s)
             await resp.write(data[len(data) // 2 :])
+            return resp
+        if fault is not None and fault.trickle_bytes_per_s:
+            resp = web.StreamResponse(headers={"ETag": tag, "Content-Length": str(len(data))})
+            await resp.prepare(request)
+            step = max(1, int(fault.trickle_bytes_per_s / 10))  # ten writes a second
+            for i in range(0, len(data), step):
+                await resp.write(data[i : i + step])
+                await asyncio.sleep(step / fault.trickle_bytes_per_s)
             return resp
         if fault is not None and fault.chunked:
             resp = web.StreamResponse(headers={"ETag": tag})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from e2e_support import E2E_GRAPH, HERE, ensure_deployed, start_serve
+from e2e_support import E2E_GRAPH, HERE, WORKER_PATH, ensure_deployed, start_serve
 from rayhead import RayHead, free_port, running_head
 
 from servegraph.raydash.dashboard import RayDashboard
@@ -41,7 +41,7 @@ def ray_head(spans_file: Path) -> Iterator[RayHead]:
         "RAY_SERVE_TRACING_SAMPLING_RATIO": "0",
         "SERVEGRAPH_E2E_SPANS": str(spans_file),
     }
-    with running_head(num_cpus=2, extra_env={"PYTHONPATH": str(HERE), **tracing}) as head:
+    with running_head(num_cpus=2, extra_env={"PYTHONPATH": WORKER_PATH, **tracing}) as head:
         yield head
 
 

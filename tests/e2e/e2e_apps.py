@@ -52,6 +52,13 @@ class Tag:
         return {"tag": self.name, "payload": payload}
 
 
+class Broken:
+    """A version that deploys and answers nothing but failures (the canary suite's bad version)."""
+
+    def __call__(self, payload: Any) -> dict[str, Any]:
+        raise RuntimeError("this version is broken")
+
+
 def echo(payload: Any) -> dict[str, Any]:
     """A function deployment."""
     return {"echo": payload}
@@ -106,6 +113,25 @@ class Counted:
         except (asyncio.CancelledError, GeneratorExit):
             self.stats["cancelled"] += 1
             raise
+
+
+LEAKED = "postgres://app:hunter2@db:5432/orders"
+"""What a careless exception message holds (a password): callers must never see it."""
+
+
+class Leaky:
+    """Fails as user code does, with a message that is nobody's business but the log's."""
+
+    def __call__(self, payload: Any) -> Any:
+        raise ConnectionError(f"could not reach {LEAKED}")
+
+
+class LeakingStream:
+    """One item, then a failure like Leaky's."""
+
+    async def __call__(self, payload: Any) -> AsyncGenerator[dict[str, Any], None]:
+        yield {"i": 0}
+        raise ConnectionError(f"could not reach {LEAKED}")
 
 
 def span_processors() -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ from servegraph.raydash import up
 from servegraph.raydash.dashboard import RayDashboard
 
 HERE = Path(__file__).resolve().parent
+WORKER_PATH = f"{HERE}:{HERE.parent.parent / 'src'}"
+"""The Ray workers' PYTHONPATH: `e2e_apps`, and the servegraph under test before the one the
+virtualenv installed (from a worktree, the venv's editable install is another checkout's)."""
 GRAPHS = HERE / "graphs"
+WORKER_PATH = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+"""The head's PYTHONPATH: this directory (`e2e_apps`), then the test run's own, so that Ray's
+workers import servegraph from the checkout under test (a worktree's src) and not from
+wherever the virtualenv's editable install points."""
 E2E_GRAPH = GRAPHS / "e2e.txtpb"
 SAMPLES = HERE.parent.parent / "config" / "samples"
 

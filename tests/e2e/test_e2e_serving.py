@@ -99,9 +99,9 @@ async def test_user_config_change_reconfigures_the_running_replica(
 async def test_cluster_runs_exactly_the_operators_serve_config_v2(
     e2e_graph: Path, dash: RayDashboard, ray_head: RayHead
 ) -> None:
-    serve_config_v2 = serve_config_yaml(load_graph(e2e_graph))
+    serve_config_v2 = serve_config_yaml(load_graph(e2e_graph), ready=True)
     text, sent = up.render(e2e_graph)
-    # `up` sends the parse of the very string the operator puts in the RayService...
+    # `up` sends the parse of the very string the operator puts in the RayService (canaries on)...
     assert text == serve_config_v2
     assert sent == yaml.safe_load(serve_config_v2)
     # ...and that is what Serve holds for each application.

@@ -74,7 +74,7 @@ async def test_a_failure_mid_stream_is_the_last_item_and_names_the_node(
     got = await lines(http, serve_url("/stream"), {"count": 5, "fail_at": 2})
     assert got[:2] == [{"tag": "a", "i": 0}, {"tag": "a", "i": 1}]
     assert got[2] == {
-        "error": 'node "gen-a" failed: RuntimeError: a broke at item 2',
+        "error": 'node "gen-a" failed: RuntimeError',  # the type only: the message is in the replica's log
         "node": "gen-a",
         "timed_out": False,
     }

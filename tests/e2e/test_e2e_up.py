@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,9 @@ import pytest
 from e2e_support import GRAPHS, SAMPLES, request, start_serve
 from rayhead import RayHead, end_session, free_port, session_pids
 
-from servegraph.raydash import up
+from servegraph.raydash import capacity, up
 from servegraph.raydash.dashboard import DashboardError, RayDashboard
+from servegraph.v1 import graph_pb2
 
 SERVEGRAPH = Path(sys.executable).with_name("servegraph")
 
@@ -89,6 +91,35 @@ async def test_dashboard_errors_never_contain_the_token(ray_head: RayHead, serve
     code = await up.up(SAMPLES / "mini.txtpb", address=ray_head.address, token=wrong, out=io.StringIO(), err=err)
     assert code == 2
     assert "403" in err.getvalue() and wrong not in err.getvalue()
+
+
+async def test_up_onto_a_cluster_too_small_says_so_at_once(
+    ray_head: RayHead, serve_port: int, dash: RayDashboard, tmp_path: Path
+) -> None:
+    """Issue 47: 25 nodes at 0.1 CPU on the session's 2-CPU head waited 300 s, then listed every
+    replica as unschedulable. Now the graph's needs are compared with what the real dashboard says
+    the cluster has, before anything is deployed."""
+    nodes = capacity.alive_resources(await dash.nodes())
+    assert [n["CPU"] for n in nodes] == [2.0] and nodes[0]["memory"] > 0  # Ray 2.60's state API, read as up reads it
+    g = graph_pb2.Graph(name="wide", version="1", schema_version=1)
+    app = g.applications.add(name="wide", route_prefix="/wide", ingress="n0")
+    for i in range(25):
+        node = app.nodes[f"n{i}"]
+        node.deployment.import_path = "e2e_apps:Echo"
+        node.resources.num_cpus = 0.1
+        if i:
+            app.nodes["n0"].deployment.kwargs[f"k{i}"].node.id = f"n{i}"
+    path = tmp_path / "wide.pb"
+    path.write_bytes(g.SerializeToString())
+    running = sorted((await dash.get_applications()).applications)
+    err = io.StringIO()
+    start = time.monotonic()
+    code = await up.up(path, address=ray_head.address, token=ray_head.token, timeout_s=300, err=err)
+    assert code == 2 and time.monotonic() - start < 30, err.getvalue()
+    assert err.getvalue().startswith(
+        "servegraph up: the graph needs 2.5 CPU for its 25 replicas at their start, the cluster has 2; nothing deployed\n"
+    )
+    assert sorted((await dash.get_applications()).applications) == running
 
 
 def _port_free(port: int) -> bool:

@@ -54,10 +54,9 @@ def control_plane(testenv_binaries: Binaries) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kuberay(control_plane: ControlPlane) -> Iterator[KubeRayOperator]:
     """The real KubeRay operator (all namespaces, as `kuberay-operator` with its shipped
-    ClusterRole, RayServiceIncrementalUpgrade on); started by the first test that asks
-    for it, stopped at session end."""
-    # The incremental upgrade's feature gate on, so every upgrade strategy can be proved accepted.
-    with KubeRayOperator(control_plane, extra_args=["--feature-gates=RayServiceIncrementalUpgrade=true"]) as operator:
+    ClusterRole and feature gates: RayServiceIncrementalUpgrade is on by default since
+    KubeRay 1.7); started by the first test that asks for it, stopped at session end."""
+    with KubeRayOperator(control_plane) as operator:
         yield operator
 
 

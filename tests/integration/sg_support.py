@@ -204,6 +204,23 @@ rules:
 """
 
 
+def allowed(cp: ControlPlane, user: str, namespace: str, verb: str, group: str, resource: str, name: str = "") -> bool:
+    """What the API server's authorizer answers for `user` (a SubjectAccessReview)."""
+    plural, _, subresource = resource.partition("/")
+    attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": plural}
+    attributes |= {"subresource": subresource, "name": name}
+    review = cp.rest().request(
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attributes},
+        },
+    )
+    return bool(review["status"].get("allowed"))
+
+
 async def tenant_api(control_plane: ControlPlane, namespace: str, api_client_for: Any) -> Any:
     """An ApiClient as TENANT, bound to the tenant Role in `namespace`, once the Role is in effect.
 

@@ -28,6 +28,8 @@ class StallProxy:
         self._server: asyncio.Server | None = None
         self.dropped = 0
         """Chunks held for a client that then reset its connection, never delivered."""
+        self.held = 0
+        """Chunks that arrived while their direction was held: a request is in flight."""
         self.connections = 0
 
     def start(self) -> StallProxy:
@@ -101,6 +103,8 @@ class StallProxy:
                 break
             if not data:
                 break
+            if not gate.is_set():
+                self.held += 1
             await gate.wait()
             if isinstance(client.exception(), ConnectionResetError):
                 self.dropped += 1  # the client reset while this was held: it never arrives

@@ -130,7 +130,7 @@ async def test_the_operators_rendered_rayservice_is_stored_as_its_schema_default
     manifest = render_rayservice(load_graph(SAMPLES / "mini.pb"), options)
     applied = await backend.api.apply_rayservice(manifest, force=False)
     expected = copy.deepcopy(manifest)
-    rayservice_defaults(expected)  # numOfHosts, the ports' protocol
+    rayservice_defaults(expected)  # numOfHosts, priority, the ports' protocol
     assert view(applied) == view(expected) | {"generation": 1}
     assert await backend.api.get_rayservice(ns, "mini") == applied
     assert owners(applied) == {OURS: owned(field_set(expected))}

@@ -267,6 +267,9 @@ def test_restart_keeps_port_and_data_and_stop_leaves_nothing_behind(
         events = cp.audit_log.events(user="restricted-user", since=mark)
         assert [(e["verb"], e["responseStatus"]["code"]) for e in events] == [("list", 403)]
         assert cp.audit_log.events(user="restricted-user", verbs={"create"}, since=mark) == []
+
+        _faults_keep_port_and_data(cp, rest)
+        pids = {**pids, **cp.pids}
     finally:
         cp.stop()
 
@@ -274,6 +277,30 @@ def test_restart_keeps_port_and_data_and_stop_leaves_nothing_behind(
     assert not any(_group_members(pid) for pid in pids_after)
     assert not workdir.exists()
     assert all(_port_is_free(port) for port in ports)
+
+
+def _faults_keep_port_and_data(cp: ControlPlane, rest: Any) -> None:
+    """What the chaos tests do to the control plane (tests/integration/test_chaos.py), each
+    keeping its ports and data: the API server SIGKILLed, etcd stopped and started again (the
+    API server answering nothing meanwhile), etcd compacted (a watch from before it: 410 Gone)."""
+    before = cp.pids["kube-apiserver"]
+    cp.restart_apiserver(kill=True)
+    assert cp.pids["kube-apiserver"] != before and rest.get("/api/v1/namespaces/kept")
+
+    etcd_pid = cp.pids["etcd"]
+    cp.stop_etcd()
+    assert not _group_members(etcd_pid)
+    with pytest.raises(OSError):  # a timeout: the API server holds the request, etcd being gone
+        rest.request("GET", "/api/v1/namespaces/kept", timeout=3)
+    cp.start_etcd()
+    assert rest.get("/api/v1/namespaces/kept")["metadata"]["name"] == "kept"
+
+    old = rest.get("/api/v1/namespaces")["metadata"]["resourceVersion"]
+    rest.apply("/api/v1/namespaces/later", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "later"}})
+    assert cp.compact_etcd() > int(old)
+    cp.restart_apiserver()  # its watch cache starts again from the compacted revision
+    watch = cp.kubectl("get", "--raw", f"/api/v1/namespaces?watch=1&resourceVersion={old}&timeoutSeconds=1")
+    assert '"code":410' in watch.stdout and '"reason":"Expired"' in watch.stdout, watch.stdout[:300]
 
 
 def test_apiserver_failing_to_start_raises_with_its_log_tail(

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from sg_support import allowed
 
 from servegraph_testbed import ControlPlane
 
@@ -297,6 +298,7 @@ NAMESPACED_VALUES = {
     "deniedSourceNetworks": ["10.96.0.0/12", "fd00:10:96::/112"],
     "allowedSourceNetworks": ["127.0.0.0/8"],
     "allowInsecureHTTPSources": True,
+    "serveServiceAnnotationPrefixes": ["prometheus.io/", "example.com/team-"],
     "limits": {"maxGraphBytes": 8388608, "maxFetchSeconds": 30.5, "fetchesPerNamespace": 3},
 }
 
@@ -387,6 +389,7 @@ def test_helm_namespaced_render_applies_on_the_server(
     assert "--denied-source-networks=10.96.0.0/12,fd00:10:96::/112" in args
     assert "--allowed-source-networks=127.0.0.0/8" in args
     assert "--allow-insecure-http-sources" in args
+    assert "--allow-serve-service-annotations=prometheus.io/,example.com/team-" in args
     assert {"--max-graph-bytes=8388608", "--max-fetch-seconds=30.5", "--fetches-per-namespace=3"} <= set(args)
     assert f"--events-token-secret=$(POD_NAMESPACE)/{OPERATOR}-events-token" in args
 
@@ -427,23 +430,6 @@ def test_helm_shards_render_one_operator_each_on_its_own_lease(control_plane: Co
     }
 
 
-def _allowed(cp: ControlPlane, user: str, namespace: str, verb: str, group: str, resource: str, name: str = "") -> bool:
-    """What the API server's authorizer answers for `user` (a SubjectAccessReview)."""
-    plural, _, subresource = resource.partition("/")
-    attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": plural}
-    attributes |= {"subresource": subresource, "name": name}
-    review = cp.rest().request(
-        "POST",
-        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-        {
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {"user": user, "resourceAttributes": attributes},
-        },
-    )
-    return bool(review["status"].get("allowed"))
-
-
 def _granted(role_file: Path) -> list[tuple[str, str, str, str]]:
     """(verb, group, resource, name) for every rule of a role file (name: "" unless the
     rule is narrowed to named objects)."""
@@ -471,16 +457,16 @@ def test_helm_install_namespaced_grants_exactly_the_rules(
         fullname = f"{release}-servegraph-operator"
         user = f"system:serviceaccount:{release_ns}:{fullname}"
         for rule in _granted(CONFIG / "rbac" / "role.yaml"):
-            assert _allowed(control_plane, user, watched, *rule), f"{rule} in {watched}"
-            assert not _allowed(control_plane, user, other, *rule), f"{rule} in {other}"
-            assert not _allowed(control_plane, user, "", *rule), f"{rule} cluster-wide"
+            assert allowed(control_plane, user, watched, *rule), f"{rule} in {watched}"
+            assert not allowed(control_plane, user, other, *rule), f"{rule} in {other}"
+            assert not allowed(control_plane, user, "", *rule), f"{rule} cluster-wide"
         for rule in _granted(CONFIG / "rbac" / "leader_election_role.yaml"):
-            assert _allowed(control_plane, user, release_ns, *rule), f"{rule} in {release_ns}"
+            assert allowed(control_plane, user, release_ns, *rule), f"{rule} in {release_ns}"
         # The event token: that one Secret of the release namespace, read only.
         token_secret = f"{fullname}-events-token"
-        assert _allowed(control_plane, user, release_ns, "get", "", "secrets", token_secret)
-        assert not _allowed(control_plane, user, release_ns, "get", "", "secrets", "someone-elses")
-        assert not _allowed(control_plane, user, release_ns, "list", "", "secrets")
+        assert allowed(control_plane, user, release_ns, "get", "", "secrets", token_secret)
+        assert not allowed(control_plane, user, release_ns, "get", "", "secrets", "someone-elses")
+        assert not allowed(control_plane, user, release_ns, "list", "", "secrets")
 
         def token() -> str:
             out = control_plane.kubectl("get", "secret", token_secret, f"--namespace={release_ns}", "-o", "json")
@@ -571,6 +557,39 @@ def test_helm_service_monitor_is_optional(control_plane: ControlPlane, charted: 
     assert not _find(charted, "ServiceMonitor")
     objs = _docs(_helm_template(control_plane, SYSTEM_NS, "--set", "metrics.serviceMonitor.enabled=true"))
     _assert_monitor_targets(_one(objs, "ServiceMonitor", OPERATOR, SYSTEM_NS), objs)
+
+
+def test_helm_limits_and_canary_values_become_flags_the_operator_takes(control_plane: ControlPlane) -> None:
+    """Every value the chart turns into a flag is one `servegraph run` parses to that value
+    (a value the schema did not list was refused by helm: maxDownloads and minSourceRate were)."""
+    import argparse
+
+    from servegraph.cli import operate
+
+    values = {
+        "limits.maxGraphBytes": "2097152",
+        "limits.maxFetchSeconds": "30",
+        "limits.fetchesPerNamespace": "3",
+        "limits.maxDownloads": "32",
+        "limits.minSourceRate": "0",
+        "canary.prometheusUrl": "http://prometheus-operated.monitoring:9090",
+    }
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    objs = _docs(_helm_template(control_plane, SYSTEM_NS, *sets))
+    args = _container(_one(objs, "Deployment", OPERATOR, SYSTEM_NS))["args"]
+    parser = argparse.ArgumentParser()
+    operate.add_arguments(parser.add_subparsers())
+    parsed = parser.parse_args(["run", *args])
+    assert (parsed.max_graph_bytes, parsed.max_fetch_seconds, parsed.fetches_per_namespace) == (2097152, 30, 3)
+    assert (parsed.max_downloads, parsed.min_source_rate) == (32, 0)
+    assert parsed.prometheus_url == "http://prometheus-operated.monitoring:9090"
+    default = _container(_one(_docs(_helm_template(control_plane, SYSTEM_NS)), "Deployment", OPERATOR, SYSTEM_NS))
+    assert not [a for a in default["args"] if a.startswith("--prometheus-url")], "no Prometheus unless asked"
+    refused = control_plane.helm(
+        "template", RELEASE, str(CHART), f"--kube-version={_server_version(control_plane)}",
+        "--set", "canary.prometheusUrl=ftp://x", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "prometheusUrl" in refused.stderr
 
 
 # ---- images ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from kubernetes_asyncio.client.rest import ApiException
 from sg_support import (
     OPERATOR_USER,
     Kit,
+    allowed,
     bind_operator_rbac,
     read_log,
     sample_bytes,
@@ -28,9 +29,10 @@ from support import REGISTRY_TOKEN, SAMPLES
 
 from servegraph.graph import load_graph
 from servegraph.names import ConditionType
-from servegraph.operator.rollout.blockers import NO_APPLICATION, POD_HINT, mirror_pending
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import GoodGraph, Observed, Outcome, report
+from servegraph.operator.conditions import Condition
+from servegraph.operator.kuberay import NO_APPLICATION, POD_HINT, mirror_pending
+from servegraph.operator.status.report import report
+from servegraph.operator.values import GoodGraph, Observed, Outcome
 from servegraph.render import serve_config_yaml
 from servegraph.statustree.gather import gather
 from servegraph.statustree.tree import render
@@ -429,7 +431,7 @@ async def test_a_first_cluster_that_never_starts_is_named_and_servegraph_status_
 
     # A caller who may read all but pods gets the tree and a line saying so; nothing fails.
     readable = [("servegraph.io", "servegraphs"), ("ray.io", "rayservices"), ("ray.io", "rayclusters")]
-    await _grant(kit, "restricted-user", [(g, r, "get") for g, r in readable] + [("", "events", "list")])
+    await _grant(kit, control_plane, "restricted-user", [(g, r, "get") for g, r in readable] + [("", "events", "list")])
     snap, text = await status_text("restricted-user")
     forbidden = 'the API server answered HTTP 403: pods is forbidden: User "restricted-user" cannot list'
     assert snap.pods == [] and (snap.ray_note or "").startswith(forbidden), snap.ray_note
@@ -437,8 +439,10 @@ async def test_a_first_cluster_that_never_starts_is_named_and_servegraph_status_
     assert f"Starting:      Ray cluster {name} (head pod not ready, 0 of 1 workers ready)" in text
 
 
-async def _grant(kit: Kit, user: str, rules: list[tuple[str, str, str]]) -> None:
-    """A Role in the test's namespace with these (group, resource, verb) rules, bound to `user`."""
+async def _grant(kit: Kit, cp: ControlPlane, user: str, rules: list[tuple[str, str, str]]) -> None:
+    """A Role in the test's namespace with these (group, resource, verb) rules, bound to `user`,
+    once the authorizer answers with it: it learns new Roles and bindings from its informers a
+    moment after they are stored, and a read in that moment is forbidden (seen once in 4)."""
     rbac = client.RbacAuthorizationV1Api(kit.api)
     role = {
         "metadata": {"name": f"{user}-status"},
@@ -451,6 +455,11 @@ async def _grant(kit: Kit, user: str, rules: list[tuple[str, str, str]]) -> None
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     }
     await rbac.create_namespaced_role_binding(kit.namespace, binding)
+
+    async def in_effect() -> bool:
+        return all([await asyncio.to_thread(allowed, cp, user, kit.namespace, v, g, r) for g, r, v in rules])
+
+    await eventually(in_effect, within=30, interval=0.1, what=f"{user}'s Role in effect")
 
 
 async def test_the_crd_keeps_a_stuck_rollouts_status_whole(

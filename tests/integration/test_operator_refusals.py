@@ -97,6 +97,31 @@ async def test_a_rayservice_too_large_to_store_is_refused_before_any_apply(
     assert await kit.get_rs("big") is not None
 
 
+# -- issue 45: serveService annotations, which controllers act on -------------------------------------
+
+
+async def test_a_serve_service_annotation_no_prefix_allows_is_refused_and_nothing_is_written(
+    kit: Kit, control_plane: ControlPlane
+) -> None:
+    """Without the policy installed, the operator is the one that holds the line: by default
+    (no --allow-serve-service-annotations) no annotation reaches the serve Service, and a
+    running graph keeps its RayService as it was."""
+    kit.registry.registry.publish("exposed", sample_bytes("mini"))
+    await kit.servegraph("exposed", "exposed")
+    await kit.wait_condition("exposed", "Applied", "True")
+    mark = control_plane.audit_log.offset()
+    serve = {"metadata": {"annotations": {"tailscale.com/expose": "true"}}}
+    await kit.patch_sg("exposed", {"spec": {"rayService": {"serveService": serve}}})
+    cond = await kit.wait_condition("exposed", "Fetched", "False", "InvalidSpec")
+    assert cond["message"].startswith(
+        "spec.rayService.serveService.metadata.annotations['tailscale.com/expose']: not allowed "
+        "(controllers act on annotations; the prefixes allowed: none"
+    ), cond["message"]
+    rs = await kit.get_rs("exposed")
+    assert rs is not None and "serveService" not in rs["spec"]
+    assert operator_writes(control_plane, kit.namespace, mark, "rayservices") == []
+
+
 # -- a RayService taken over by hand -------------------------------------------------------------------
 
 

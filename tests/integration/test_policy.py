@@ -338,6 +338,17 @@ HOLES: dict[str, tuple[Any, str]] = {
         lambda rs: _cluster(rs)["headGroupSpec"].update(serviceType="LoadBalancer"),
         "may have type ClusterIP only",
     ),
+    # Issue 45: annotations that controllers act on, exposing the Service beyond the cluster.
+    "serve-service-tailscale": (
+        lambda rs: rs["spec"]["serveService"]["metadata"].update(annotations={"tailscale.com/expose": "true"}),
+        "Service templates (serveService, headService) may carry annotations only under the prefixes none",
+    ),
+    "head-service-external-dns": (
+        lambda rs: _cluster(rs)["headGroupSpec"]["headService"].update(
+            metadata={"annotations": {"external-dns.alpha.kubernetes.io/hostname": "ray.example.com"}}
+        ),
+        "may carry annotations only under the prefixes none",
+    ),
 }
 
 
@@ -416,6 +427,53 @@ async def test_a_servegraphs_serve_service_is_held_to_the_policy(kit: Kit, tenan
     await create("fine", {"metadata": {"labels": {"team": "a"}}, "spec": {"type": "ClusterIP"}})
 
 
+async def test_the_administrator_can_allow_annotation_prefixes(
+    kit: Kit, tenant: Any, control_plane: ControlPlane
+) -> None:
+    """Issue 45: annotations only under the prefixes the ServeGraphPodPolicy lists (none as shipped)."""
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+
+    async def servegraph(name: str, annotations: dict[str, str]) -> Any:
+        serve = {"metadata": {"annotations": annotations}, "spec": {"type": "ClusterIP"}}
+        body = _servegraph(kit, name, {"image": ALLOWED, "serveService": serve})
+        return await custom.create_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", body
+        )
+
+    scrape = {"prometheus.io/scrape": "true"}
+    message = await _refused(lambda: servegraph("scraped", scrape))
+    assert "may carry annotations only under the prefixes none: controllers act on them" in message
+    set_pod_policy(control_plane, allowedServiceAnnotationPrefixes="prometheus.io/, example.com/team-")
+    try:
+
+        async def allowed() -> bool:
+            try:
+                await servegraph("scraped", scrape)
+            except ApiException as exc:
+                assert "may carry annotations only under the prefixes" in str(exc.body), exc.body
+                return False
+            return True
+
+        await eventually(allowed, within=30, what="the widened policy to take effect")
+        message = await _refused(lambda: servegraph("cilium", {**scrape, "service.cilium.io/global": "true"}))
+        assert "only under the prefixes prometheus.io/, example.com/team-: controllers act on them" in message
+    finally:
+        set_pod_policy(control_plane, allowedServiceAnnotationPrefixes="")
+
+    async def shipped() -> bool:  # as shipped again, for whatever runs next
+        try:
+            await servegraph("scraped-again", scrape)
+        except ApiException:
+            return True
+        await custom.delete_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", "scraped-again"
+        )
+        return False
+
+    await eventually(shipped, within=30, what="the policy to be as shipped again")
+
+
 async def test_the_administrator_can_allow_node_ports(kit: Kit, tenant: Any, control_plane: ControlPlane) -> None:
     custom = client.CustomObjectsApi(tenant)
     await _until_active(custom, kit.namespace)
@@ -454,3 +512,122 @@ async def test_the_administrator_can_allow_node_ports(kit: Kit, tenant: Any, con
         return False
 
     await eventually(shipped, within=30, what="the policy to be as shipped again")
+
+
+# -- issue 45, item 10: shards follow namespaces, which only the administrator labels ----------
+
+
+async def test_a_tenant_cannot_pick_its_servegraphs_shard(
+    kit: Kit, tenant: Any, control_plane: ControlPlane, admin_api: Any
+) -> None:
+    """`servegraph.io/shard` selects the operator that reconciles a ServeGraph; set by the tenant,
+    it moved a ServeGraph into a shard an administrator set aside for others."""
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+
+    async def create(name: str, shard: str | None) -> Any:
+        body = _servegraph(kit, name, {"image": ALLOWED})
+        if shard is not None:
+            body["metadata"]["labels"] = {"servegraph.io/shard": shard}
+        return await custom.create_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", body
+        )
+
+    message = await _refused(lambda: create("sneaky", "reserved"))
+    assert "the servegraph.io/shard label of a ServeGraph must be its namespace's (none)" in message
+    await create("plain", None)
+    # The tenant cannot label its namespace: shards are the administrator's to give.
+    with pytest.raises(ApiException) as denied:
+        await client.CoreV1Api(tenant).patch_namespace(
+            kit.namespace, {"metadata": {"labels": {"servegraph.io/shard": "reserved"}}}
+        )
+    assert denied.value.status == 403
+    await client.CoreV1Api(admin_api).patch_namespace(
+        kit.namespace, {"metadata": {"labels": {"servegraph.io/shard": "team-a"}}}
+    )
+
+    async def follows() -> bool:  # the namespace's label, as the policy reads it a moment later
+        try:
+            await create("labelled", "team-a")
+        except ApiException as exc:
+            assert "must be its namespace's" in str(exc.body), exc.body
+            return False
+        return True
+
+    await eventually(follows, within=30, what="the namespace's shard label to reach the policy")
+    for shard in (None, "reserved"):
+        message = await _refused(lambda shard=shard: create("elsewhere", shard))  # type: ignore[misc]
+        assert "must be its namespace's (team-a): the administrator assigns shards by labelling namespaces" in message
+    # Moving a ServeGraph out of the namespace's shard is refused; an update leaving the label
+    # as it was (what the operator and a refresh write) still passes, also for "plain", made
+    # before the namespace was labelled: the administrator relabels it.
+    move = {"metadata": {"labels": {"servegraph.io/shard": "reserved"}}}
+    message = await _refused(
+        lambda: custom.patch_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", "labelled", move,
+            _content_type="application/merge-patch+json",
+        )
+    )  # fmt: skip
+    assert "must be its namespace's (team-a)" in message
+    touch = {"metadata": {"annotations": {"servegraph.io/refresh": "now"}}}
+    for name in ("labelled", "plain"):
+        await custom.patch_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", name, touch,
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+
+async def test_gateways_and_gateway_classes_only_as_the_administrator_allows(
+    kit: Kit, tenant: Any, control_plane: ControlPlane
+) -> None:
+    """Issue 48: a ServeGraph's spec.expose Gateway and any gatewayClassName KubeRay would create a
+    Gateway of (a ServeGraph's or a tenant's own RayService) are refused unless allowed (none as shipped)."""
+    custom = client.CustomObjectsApi(tenant)
+    await _until_active(custom, kit.namespace)
+    incremental = {
+        "upgradeStrategy": "NewClusterWithIncrementalUpgrade",
+        "clusterUpgradeOptions": {"gatewayClassName": "istio", "stepSizePercent": 10, "intervalSeconds": 30},
+    }
+
+    async def servegraph(name: str, ray_service: dict[str, Any], **spec: Any) -> Any:
+        body = _servegraph(kit, name, {"image": ALLOWED, **ray_service})
+        body["spec"].update(spec)
+        return await custom.create_namespaced_custom_object(
+            "servegraph.io", "v1alpha1", kit.namespace, "servegraphs", body
+        )
+
+    async def rayservice(name: str) -> Any:
+        body = _rayservice(name)
+        body["spec"]["upgradeStrategy"] = {"type": incremental["upgradeStrategy"], **incremental}
+        del body["spec"]["upgradeStrategy"]["upgradeStrategy"]
+        return await custom.create_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", body)
+
+    public = {"gateway": {"namespace": "gateways", "name": "public"}}
+    message = await _refused(lambda: servegraph("classy", incremental))
+    assert message.endswith(
+        "clusterUpgradeOptions.gatewayClassName may be none: KubeRay creates a Gateway of that class "
+        "(allowedGatewayClasses of the ServeGraphPodPolicy servegraph-pod-policy)"
+    ), message
+    assert "allowedGatewayClasses" in await _refused(lambda: rayservice("own"))
+    message = await _refused(lambda: servegraph("exposed", {}, expose=public))
+    assert "spec.expose.gateway may be none (allowedGateways" in message
+    set_pod_policy(control_plane, allowedGatewayClasses="traefik, istio", allowedGateways="gateways/*")
+    try:
+
+        async def allowed() -> bool:
+            try:
+                await servegraph("exposed", {}, expose=public)
+            except ApiException as exc:
+                assert "allowedGateways" in str(exc.body), exc.body
+                return False
+            return True
+
+        await eventually(allowed, within=30, what="the widened policy to take effect")
+        await servegraph("classy", incremental)
+        await rayservice("own")
+        elsewhere = {"gateway": {"namespace": "internet", "name": "edge"}}
+        assert "may be gateways/*" in await _refused(lambda: servegraph("far", {}, expose=elsewhere))
+        own_namespace = {"gateway": {"name": "edge"}}  # its namespace is the ServeGraph's
+        assert "may be gateways/*" in await _refused(lambda: servegraph("near", {}, expose=own_namespace))
+    finally:
+        set_pod_policy(control_plane, allowedGatewayClasses="", allowedGateways="")

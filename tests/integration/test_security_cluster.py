@@ -14,9 +14,19 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
-from security_support import EVENTS_TOKEN, SYSTEM_NS, Secured, operator_writes, secured_kit, start_secured
-from sg_support import OPERATOR_USER, Kit, sample_bytes, start_operator
+from security_support import (
+    EVENTS_TOKEN,
+    MAX_FETCH_SECONDS,
+    REGISTRY_TOKEN,
+    SYSTEM_NS,
+    Secured,
+    operator_writes,
+    secured_kit,
+    start_secured,
+)
+from sg_support import OPERATOR_USER, Kit, delete_namespace, sample_bytes, start_operator
 from stall_proxy import StallProxy
 from support import ROOT
 
@@ -147,15 +157,14 @@ async def test_a_servegraph_deleted_while_downloading_gets_no_rayservice(
         within=30,
         what="the download to start",
     )
-    # Its reconcile is under way. No other ServeGraph is in this operator's care (the earlier
-    # tests deleted theirs, none of them mid-download), so the next reconcile it ends is this one.
-    ended = await secured.metric("servegraph_reconciles_total")
+    # Its download is in flight (beside the reconcile workers: operator/fetch/downloads.py).
     await kit.custom.delete_namespaced_custom_object(GROUP, VERSION, kit.namespace, PLURAL, "slow")
 
-    async def reconcile_ended() -> bool:
-        return await secured.metric("servegraph_reconciles_total") > ended
+    async def download_dropped() -> bool:
+        return await secured.metric("servegraph_downloads", state="running") == 0
 
-    await eventually(reconcile_ended, within=30, what="the deleted ServeGraph's reconcile to end")
+    await eventually(download_dropped, within=30, what="the deleted ServeGraph's download to be dropped")
+    assert kit.requests_for(graph), "the download never started"
     assert await kit.get_rs("slow") is None
     writes = operator_writes(control_plane, kit.namespace, mark)
     assert writes == [], [(e["verb"], e["objectRef"]) for e in writes]
@@ -301,7 +310,14 @@ async def test_events_token_rotation_is_seen_in_single_namespace_mode(
         f"--events-token-secret={SYSTEM_NS}/{secret}",
     )
     try:
-        assert await _post(port, "first-t0ken", "https://registry.example.com/g") == 202
+
+        async def first() -> bool:
+            # 503 until the operator has listed its ServeGraphs (an event before that could be lost)
+            status = await _post(port, "first-t0ken", "https://registry.example.com/g")
+            assert status in (202, 503), status
+            return status == 202
+
+        await eventually(first, within=30, what="the operator to list its ServeGraphs and accept the first token")
         put("second-t0ken")
         started = time.monotonic()
 
@@ -338,3 +354,75 @@ async def test_calls_to_the_api_server_time_out(control_plane: ControlPlane, tmp
 
 async def _ready(value: bool) -> bool:
     return value
+
+
+# -- issue 45, item 1 --------------------------------------------------------------------
+
+
+async def test_slow_registries_in_other_namespaces_hold_no_victims_download_or_repair(
+    kit: Kit, admin_api: Any, secured: Secured
+) -> None:
+    """A tenant with two namespaces of 12 ServeGraphs each, whose registries trickle their
+    bytes until the download deadline, held all four reconcile workers before issue 45: a
+    victim's new ServeGraph waited (K/2) x the deadline. Now downloads run beside the workers,
+    two per namespace and a fair share of the rest: the victim's download starts at once and
+    a repair of its RayService is queued behind no download."""
+    hostile: list[Kit] = []
+    core = client.CoreV1Api(admin_api)
+    try:
+        for t in range(2):
+            ns = f"{kit.namespace}-slow{t}"
+            await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+            tenant = Kit(admin_api, ns, kit.registry, kit.ca_pem)
+            await tenant.secret("registry-token", {"token": REGISTRY_TOKEN})
+            await tenant.secret("registry-ca", {"ca.crt": kit.ca_pem})
+            hostile.append(tenant)
+        await _deploy(kit, "steady")  # the victim's ServeGraph, serving before the storm
+        await eventually(lambda: kit.get_rs("steady"), within=30, what="the victim's RayService")
+        for tenant in hostile:
+            for i in range(12):
+                graph = f"{tenant.namespace}-g{i}"
+                tenant.registry.registry.publish(graph, sample_bytes("mini") + b"\0" * 20_000)
+                tenant.registry.registry.faults[graph] = Fault(trickle_bytes_per_s=64)
+                await tenant.servegraph(f"g{i}", graph)
+
+        async def held() -> bool:
+            running = await secured.metric("servegraph_downloads", state="running")
+            assert running >= 4, f"{running:.0f} slow downloads running"
+            return True
+
+        await eventually(held, within=30, what="the slow registries holding downloads")
+
+        # The victim's new ServeGraph: its download starts while the slow ones are held.
+        graph = f"{kit.namespace}-new"
+        kit.registry.registry.publish(graph, sample_bytes("mini"))
+        created = time.monotonic()
+        await kit.servegraph("new", graph)
+        await eventually(lambda: _ready(bool(kit.requests_for(graph))), within=30, interval=0.05, what="its download")
+        started = time.monotonic() - created
+        await eventually(lambda: kit.get_rs("new"), within=30, interval=0.1, what="its RayService")
+        applied = time.monotonic() - created
+
+        # A repair, which downloads nothing: the victim's RayService deleted by hand.
+        await kit.custom.delete_namespaced_custom_object("ray.io", "v1", kit.namespace, "rayservices", "steady")
+        deleted = time.monotonic()
+
+        async def repaired() -> bool:
+            rs = await kit.get_rs("steady")
+            return rs is not None and rs["metadata"].get("deletionTimestamp") is None
+
+        await eventually(repaired, within=30, interval=0.1, what="the victim's RayService repaired")
+        repair = time.monotonic() - deleted
+        still = await secured.metric("servegraph_downloads", state="running")
+        print(
+            f"\nissue 45.1: 24 trickling registries (64 B/s, deadline {MAX_FETCH_SECONDS} s), {still:.0f} downloads "
+            f"still held: the victim's download started after {started:.2f} s, its RayService applied after "
+            f"{applied:.2f} s; a deleted RayService repaired after {repair:.2f} s"
+        )
+        assert still >= 2, "the slow downloads were over before the victim's were measured"
+        assert started < 5, f"the victim's download waited {started:.1f} s behind other namespaces' slow registries"
+        assert repair < 10, f"a repair waited {repair:.1f} s behind downloads"
+    finally:
+        kit.registry.registry.faults.clear()
+        for tenant in hostile:
+            await delete_namespace(admin_api, tenant.namespace)

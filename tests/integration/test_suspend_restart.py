@@ -1,11 +1,13 @@
 """Suspend, resume and restart against the real API server and the real KubeRay.
 
 No kubelet runs here, so no Ray pod starts: what is checked is what the API server and
-KubeRay do with what the operator writes. Suspending deletes the RayService (KubeRay's
-finalizer removes its RayCluster first) and keeps the ServeGraph's status and kept graphs;
-resuming creates it again from the kept graph, without a download; `servegraph restart`
-puts the annotation into every pod template and KubeRay prepares a new cluster for it.
-With Ray pods answering requests: tests/node/test_suspend.py.
+KubeRay do with what the operator writes. KubeRay 1.7 has a suspend of its own, which the
+operator finds in its CRD at start: suspending sets the RayService's `spec.suspend` (KubeRay
+deletes its RayCluster and says Suspended) and keeps the ServeGraph's status and kept graphs;
+resuming drops it again, without a download, and KubeRay starts a new cluster; `servegraph
+restart` puts the annotation into every pod template and KubeRay prepares a new cluster for
+it. KubeRay 1.6's (the RayService deleted): tests/integration/test_kuberay_previous.py. With Ray
+pods answering requests: tests/node/test_suspend.py.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes_asyncio.client.rest import ApiException
 from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, read_log, sample_bytes, start_operator
 from support import REGISTRY_TOKEN
 
 from servegraph.names import RESTARTED_AT_ANNOTATION
 from servegraph.operator.rollout.store import store_name
+from servegraph.v1 import graph_pb2
 from servegraph_testbed import WRITE_VERBS, Component, ControlPlane, KubeRayOperator
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
@@ -77,9 +82,10 @@ async def _serving_start(kit: Kit, name: str = "g", **ray_service: Any) -> dict[
     return rs
 
 
-async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
-    kit: Kit, control_plane: ControlPlane
+async def test_suspend_sets_kuberays_own_suspend_and_resume_runs_the_same_version(
+    kit: Kit, control_plane: ControlPlane, operator: Component
 ) -> None:
+    assert "KubeRay's RayService: spec.suspend yes" in read_log(operator.log_path), "read from its CRD at start"
     rs = await _serving_start(kit)
     before = (await kit.get_sg("g"))["status"]
     graph = f"{kit.namespace}-g"
@@ -91,25 +97,32 @@ async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
     version = before["graph"]["version"]
     assert ready["message"] == f"spec.suspend is true: version {version!r} is kept and runs again when it is false"
 
-    async def gone() -> bool:
-        return await kit.get_rs("g") is None and not await _rayclusters(kit)
+    def suspended(rs: dict[str, Any]) -> bool:
+        said = {c["type"]: c["status"] for c in (rs.get("status") or {}).get("conditions") or []}
+        return rs["spec"].get("suspend") is True and said.get("Suspended") == "True"
 
-    await eventually(gone, within=90, what="KubeRay removing the Ray cluster and the RayService")
-    deletes = control_plane.audit_log.events(
-        user=OPERATOR_USER, verbs={"delete"}, resource="rayservices", namespace=kit.namespace, since=mark
+    kept = await kit.wait_rs("g", suspended)
+    assert kept["metadata"]["uid"] == rs["metadata"]["uid"], "the RayService is kept"
+    assert kept["spec"]["serveConfigV2"] == rs["spec"]["serveConfigV2"]
+
+    async def clusters_gone() -> bool:
+        return not await _rayclusters(kit)
+
+    await eventually(clusters_gone, within=90, what="KubeRay deleting the RayCluster")
+    applied = await kit.wait_condition("g", "Applied", "True", "Suspended")
+    assert applied["message"] == "RayService g has spec.suspend: KubeRay deleted its Ray cluster (Suspended)"
+    writes = control_plane.audit_log.events(
+        user=OPERATOR_USER, verbs=WRITE_VERBS, resource="rayservices", namespace=kit.namespace, since=mark
     )
-    assert [e["objectRef"]["name"] for e in deletes] == ["g"], "one delete"
-    assert deletes[0]["responseStatus"]["code"] in (200, 202)
+    assert [e["verb"] for e in writes] == ["patch"], "one server-side apply, no delete"
     status = (await kit.get_sg("g"))["status"]
     assert status["graph"] == before["graph"] and status["history"] == before["history"]
     assert status["rollout"]["digest"] == before["rollout"]["digest"]
     assert status["rayServiceName"] == "g" and "applications" not in status and "pending" not in status
-    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
-    assert conditions["Progressing"] == ("False", "Suspended") and conditions["Applied"] == ("True", "Suspended")
-    kept = await kit.core.read_namespaced_config_map(store_name("g"), kit.namespace)
-    assert before["rollout"]["digest"] in kept.binary_data, "the last good graph stays kept"
-    events = [(e.type, e.reason) for e in (await kit.core.list_namespaced_event(kit.namespace)).items]
-    assert ("Normal", "Suspended") in events
+    assert (await kit.core.read_namespaced_config_map(store_name("g"), kit.namespace)).binary_data
+    events = [(e.type, e.reason, e.message) for e in (await kit.core.list_namespaced_event(kit.namespace)).items]
+    said = f"set spec.suspend on RayService g (spec.suspend); version {version!r} is kept and runs again on resume"
+    assert ("Normal", "Suspended", said) in events
 
     # Suspended: the operator writes nothing more, however often it is asked to look.
     await kit.patch_sg("g", {"metadata": {"annotations": {"servegraph.io/refresh": "while-suspended"}}})
@@ -118,9 +131,9 @@ async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
     quiet = control_plane.audit_log.offset()
 
     await kit.patch_sg("g", {"spec": {"suspend": False}})
-    back = await kit.wait_rs("g")
-    assert back["spec"]["serveConfigV2"] == rs["spec"]["serveConfigV2"], "the same version, rendered again"
-    assert back["metadata"]["uid"] != rs["metadata"]["uid"], "a new RayService"
+    back = await kit.wait_rs("g", lambda rs: "suspend" not in rs["spec"])
+    assert back["spec"]["serveConfigV2"] == rs["spec"]["serveConfigV2"], "the same version"
+    assert back["metadata"]["uid"] == rs["metadata"]["uid"], "the same RayService, resumed"
     await _pending_cluster(kit, "g")
     await kit.wait_condition("g", "Ready", "False", "WaitingForApplications")
     status = (await kit.get_sg("g"))["status"]
@@ -132,7 +145,7 @@ async def test_suspend_deletes_the_rayservice_and_resume_runs_the_same_version(
     writes = control_plane.audit_log.events(
         user=OPERATOR_USER, verbs=WRITE_VERBS, resource="rayservices", namespace=kit.namespace, since=quiet
     )
-    assert [e["verb"] for e in writes] == ["patch"], "created again by one server-side apply"
+    assert [e["verb"] for e in writes] == ["patch"], "resumed by one server-side apply"
 
 
 async def test_restart_puts_the_annotation_in_every_pod_template_and_kuberay_starts_a_new_cluster(
@@ -206,3 +219,38 @@ def _cli(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+async def test_diff_against_the_live_servegraph_and_a_server_dry_run(
+    kit: Kit, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Issue 47 on the real API server: `diff sg/NAME` reads the live RayService in the kubeconfig
+    context's namespace (no -n) and exits as a CI gate (0 same graph, 0 a version bump alone, 1 a
+    change); `restart --dry-run=server` has the API server accept the patch and changes nothing."""
+    await _serving_start(kit)
+    kubeconfig = yaml.safe_load(control_plane.kubeconfig("admin").read_text())
+    for context in kubeconfig["contexts"]:
+        context["context"]["namespace"] = kit.namespace
+    scoped = tmp_path / "kubeconfig"
+    scoped.write_text(yaml.safe_dump(kubeconfig))
+
+    def diff(graph: graph_pb2.Graph) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "new.pb"
+        path.write_bytes(graph.SerializeToString())
+        argv = [sys.executable, "-m", "servegraph.cli", "diff", "sg/g", str(path), "--kubeconfig", str(scoped)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+    mini = graph_pb2.Graph.FromString(sample_bytes("mini"))
+    same = await asyncio.to_thread(diff, mini)
+    assert (same.returncode, same.stdout) == (0, "no change\n"), same.stderr
+    mini.version = "2"
+    bumped = await asyncio.to_thread(diff, mini)
+    assert bumped.returncode == 0 and bumped.stdout.startswith("no change: graph version '1' -> '2'"), bumped
+    mini.applications[0].nodes["sentiment"].user_config["threshold"] = 0.9
+    changed = await asyncio.to_thread(diff, mini)
+    assert changed.returncode == 1, changed.stderr
+    assert "upgrade: ServeConfigInPlace" in changed.stdout and "deployment sentiment: user_config" in changed.stdout
+
+    dry = await asyncio.to_thread(_cli, control_plane, "restart", "g", "-n", kit.namespace, "--dry-run=server")
+    assert dry.returncode == 0 and "dry run, the API server accepted it, nothing changed" in dry.stdout, dry.stderr
+    assert RESTARTED_AT_ANNOTATION not in ((await kit.get_sg("g"))["metadata"].get("annotations") or {})

@@ -31,7 +31,8 @@ def operator(control_plane: ControlPlane, kuberay: KubeRayOperator) -> Iterator[
     # KubeRay's incremental upgrade creates a Gateway and an HTTPRoute for the RayService.
     control_plane.install_crds(control_plane.binaries.gateway_crds)
     bind_operator_rbac(control_plane)
-    component, _ = start_operator(control_plane, "servegraph-operator-strategies")
+    # The class KubeRay creates a Gateway of must be one the administrator allows (operator/gateways.py).
+    component, _ = start_operator(control_plane, "servegraph-operator-strategies", "--allow-gateway-classes", "istio")
     yield component
     control_plane.unspawn(component)
     assert REGISTRY_TOKEN not in read_log(component.log_path)
@@ -80,6 +81,23 @@ async def test_kuberay_accepts_each_strategy(kit: Kit, ray_service: dict[str, An
     if "clusterUpgradeOptions" in ray_service:
         assert strategy["clusterUpgradeOptions"] == ray_service["clusterUpgradeOptions"]
         assert rs["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True  # KubeRay requires it
+
+        # KubeRay 1.7 runs it as shipped (its gate on by default): it creates the Gateway of
+        # the class asked for, before any cluster serves (1.6.2 does not: test_kuberay_previous).
+        async def gateway() -> dict[str, Any] | None:
+            try:
+                obj: dict[str, Any] = await kit.custom.get_namespaced_custom_object(
+                    "gateway.networking.k8s.io", "v1", kit.namespace, "gateways", "g-gateway"
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            return obj
+
+        gw = await eventually(gateway, within=60, what="KubeRay's Gateway for the RayService")
+        assert gw["spec"]["gatewayClassName"] == ray_service["clusterUpgradeOptions"]["gatewayClassName"]
+        assert [(listener["protocol"], listener["port"]) for listener in gw["spec"]["listeners"]] == [("HTTP", 80)]
 
 
 async def test_kuberay_refuses_incremental_without_its_options(kit: Kit) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from node_support import FIGURES
@@ -35,6 +36,31 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("node-tier figures")
         for line in FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed node test carries what the operator said and the ServeGraphs' status: the
+    cluster is gone by the time anyone reads the report."""
+    report = yield
+    stack = getattr(item, "funcargs", {}).get("stack")
+    if report.failed and call.when == "call" and isinstance(stack, Stack) and stack.installed is not None:
+        installed = stack.installed
+        logs = stack.cp.kubectl(
+            "logs",
+            "-n",
+            installed.operator_namespace,
+            "-l",
+            "app.kubernetes.io/name=servegraph-operator",  # both replicas: the leader may have moved
+            "--all-containers",
+            "--prefix",
+            "--tail=120",
+            check=False,
+        ).stdout
+        sgs = stack.cp.kubectl("get", "servegraphs", "-A", "-o", "yaml", check=False).stdout
+        report.sections.append(("operator logs (last 120 lines of each replica)", logs[-20000:]))
+        report.sections.append(("ServeGraphs", sgs[-20000:]))
+    return report
 
 
 @pytest.fixture(scope="session")

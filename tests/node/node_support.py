@@ -145,7 +145,17 @@ async def wait_rolled_out(stack: Stack, namespace: str, name: str, version: str,
     async def done() -> dict[str, Any] | None:
         sg = await servegraph(stack, namespace, name)
         rollout = (sg.get("status") or {}).get("rollout") or {}
-        return sg if rollout.get("phase") == "Serving" and rollout.get("version") == version else None
+        canary = rollout.get("canary") or {}
+        assert rollout.get("phase") == "Serving" and rollout.get("version") == version, (
+            f"rollout of {rollout.get('version')!r} {rollout.get('phase')}"
+            + (
+                f", canary {canary.get('phase')} step {canary.get('step')}: {canary.get('message', '')}"
+                if canary
+                else ""
+            )
+            + f"; Ready: {condition(sg, 'Ready').get('message', '')}"
+        )
+        return sg
 
     return await eventually(done, within=within, interval=1, what=f"version {version} rolled out")
 

@@ -1,7 +1,8 @@
 """Suspend, resume and restart on a real node: Ray pods go and come back, requests counted.
 
-- `spec.suspend: true` deletes the RayService: KubeRay removes its Ray cluster and the pods
-  go; the ServeGraph stays with its status and history. `false` runs the same version again.
+- `spec.suspend: true` sets KubeRay 1.7's own `spec.suspend` on the RayService: KubeRay
+  removes its Ray cluster and the pods go, the RayService stays (Suspended); the ServeGraph
+  stays with its status and history. `false` runs the same version again on a new cluster.
 - `servegraph restart` rolls the Ray cluster: KubeRay builds a new one beside the running
   one and moves traffic when it is Ready, and not one request fails meanwhile.
 """
@@ -54,10 +55,14 @@ async def test_suspend_removes_the_ray_cluster_and_resume_serves_the_same_versio
 
     async def cluster_gone() -> bool:
         rs = await asyncio.to_thread(stack.get, "rayservice", namespace, "mini")
-        return rs is None and not await asyncio.to_thread(_ray_pods, stack, namespace)
+        assert rs is not None, "KubeRay 1.7's suspend keeps the RayService"
+        said = {c["type"]: c["status"] for c in (rs.get("status") or {}).get("conditions") or []}
+        return said.get("Suspended") == "True" and not await asyncio.to_thread(_ray_pods, stack, namespace)
 
-    await eventually(cluster_gone, within=180, interval=1, what="the RayService and every Ray pod gone")
+    await eventually(cluster_gone, within=180, interval=1, what="KubeRay Suspended and every Ray pod gone")
     gone_after = time.monotonic() - suspended
+    kept = await asyncio.to_thread(stack.get, "rayservice", namespace, "mini")
+    assert kept is not None and kept["spec"]["suspend"] is True
     sg = await servegraph(stack, namespace, "mini")
     ready = condition(sg, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "Suspended"), ready
@@ -65,6 +70,7 @@ async def test_suspend_removes_the_ray_cluster_and_resume_serves_the_same_versio
     assert sg["status"]["graph"] == before["graph"], "the version is still shown"
     assert sg["status"]["history"] == before["history"], "the history is kept"
     assert "applications" not in sg["status"]
+    assert condition(sg, "Applied")["message"].startswith("RayService mini has spec.suspend: KubeRay del"), sg
     rayclusters = stack.cp.kubectl("get", "rayclusters", "-n", namespace, "-o", "name").stdout.strip()
     assert rayclusters == "", rayclusters
 
@@ -84,7 +90,7 @@ async def test_suspend_removes_the_ray_cluster_and_resume_serves_the_same_versio
     assert load.failures == [], load.summary(resumed)
 
     figure(
-        f"suspend -> RayService and Ray pods gone {gone_after:.1f} s; resume -> Ready {ready_after:.1f} s, "
+        f"suspend (KubeRay's spec.suspend) -> Suspended and Ray pods gone {gone_after:.1f} s; resume -> Ready {ready_after:.1f} s, "
         f"-> first answer {answered_after:.1f} s (lost on the way: {lost or 'none'})"
     )
 
@@ -136,7 +142,10 @@ async def test_restart_builds_a_new_ray_cluster_with_no_failed_request(stack: St
 
     await eventually(old_pods_gone, within=180, interval=2, what="the old cluster's pods removed by KubeRay")
     sg = await servegraph(stack, namespace, "mini")
-    assert sg["status"]["graph"] == before["graph"] and sg["status"]["history"] == before["history"]
+    # the same version serves, its history entry naming the cluster the restart built
+    history = [dict(h) for h in sg["status"]["history"]]
+    assert history[0].pop("rayCluster", None) == {"name": new_cluster, "outcome": "Promoted"}, sg["status"]["history"]
+    assert sg["status"]["graph"] == before["graph"] and history == before["history"]
 
 
 def _restart(stack: Stack, namespace: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""Changes to the Ray cluster's spec, by KubeRay v1.6.2's own rules (RayService controller):
+"""Changes to the Ray cluster's spec, by KubeRay's own rules (RayService controller, v1.6.2 and v1.7.0 alike):
 
 - worker groups appended at the end, everything else equal: KubeRay updates the running
   cluster in place (it hashes the spec without the new groups);
@@ -108,6 +108,6 @@ async def test_a_changed_worker_group_goes_through_a_new_cluster_and_answers_con
     rs = stack.get("rayservice", namespace, "mini")
     assert rs is not None
     (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    assert group["rayStartParams"]["resources"] == """'{"fast-disk": 1.0}'"""  # quoted for KubeRay's bash
+    assert group["rayStartParams"]["resources"] == """'{"fast-disk": 1}'"""  # quoted for KubeRay's bash
     sg = await servegraph(stack, namespace, "mini")
     assert "upgrade" not in sg["status"], "the finished upgrade left the status"

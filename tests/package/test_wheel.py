@@ -31,6 +31,9 @@ EXTRA_OF = {
     "servegraph.kube": "operator",
     "servegraph.statustree.gather": "operator",
     "servegraph.operator": "operator",
+    # the canary's evidence readers are HTTP clients the operator runs; what they return is core
+    "servegraph.evidence.prometheus": "operator",
+    "servegraph.evidence.routers": "operator",
     "servegraph.raydash": "ray",
     "servegraph.runtime": "ray",
     "servegraph.examples": "ray",
@@ -204,9 +207,16 @@ def test_a_command_without_its_extra_says_which_to_install(
 def test_the_core_validates_renders_and_packs(pythons: dict[str, Path], tmp_path: Path) -> None:
     python = pythons[""]
     assert _run(python, "-m", "servegraph.cli", "validate", str(SAMPLES / "complete.txtpb")).returncode == 0
+    # --pods checks the ServeGraph against the CRD's schema, shipped in the wheel.
+    fits = _run(
+        python, "-m", "servegraph.cli", "validate", str(SAMPLES / "mini.txtpb"), "--pods", str(SAMPLES / "mini.yaml")
+    )
+    assert fits.returncode == 0 and "fits the pods of ServeGraph mini" in fits.stdout, fits.stderr
     rendered = _run(python, "-m", "servegraph.cli", "render", str(SAMPLES / "mini.pb"))
     assert rendered.returncode == 0 and "kind: RayService" in rendered.stdout
-    packed = _run(python, "-m", "servegraph.cli", "pack", str(SAMPLES / "mini.txtpb"), "-o", str(tmp_path / "m.pb"))
+    packed = _run(
+        python, "-m", "servegraph.cli", "pack", str(SAMPLES / "mini.txtpb"), "--output", str(tmp_path / "m.pb")
+    )
     assert packed.returncode == 0, packed.stderr
     assert (tmp_path / "m.pb").read_bytes() == (SAMPLES / "mini.pb").read_bytes()
 

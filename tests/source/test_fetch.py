@@ -161,6 +161,36 @@ async def test_a_body_slower_than_the_deadline_is_a_timeout(
     assert str(err.value) == f"{registry.url('g')} did not send the whole graph within 0.5s"
 
 
+async def test_a_registry_trickling_its_body_is_cut_at_the_floor_not_the_deadline(
+    registry: RegistryServer, client: RegistryClient, ca_pem: str
+) -> None:
+    """Issue 45: a registry that answers and then sends a few bytes a second held its download
+    (and, then, a reconcile worker) until the deadline; below the administrator's floor it is
+    cut once the grace has passed."""
+    registry.registry.publish("g", BODY)
+    registry.registry.faults["g"] = Fault(trickle_bytes_per_s=200)
+    start = time.monotonic()
+    with pytest.raises(FetchError) as err:
+        await client.fetch(
+            request(registry.url("g"), ca_pem, timeout_s=30, attempts=1, min_bytes_per_s=2048, rate_grace_s=0.5)
+        )
+    took = time.monotonic() - start
+    assert err.value.reason == "TooSlow" and not err.value.retryable
+    assert str(err.value) == f"{registry.url('g')} sent the graph slower than 2048 bytes/s; download aborted"
+    assert took < 10, f"cut after {took:.1f} s: the floor did not hold (the deadline is 30 s)"
+
+
+async def test_a_body_at_a_fair_pace_passes_the_floor(
+    registry: RegistryServer, client: RegistryClient, ca_pem: str
+) -> None:
+    registry.registry.publish("g", BODY)
+    registry.registry.faults["g"] = Fault(trickle_bytes_per_s=len(BODY) * 2)  # the whole body in half a second
+    got = await client.fetch(
+        request(registry.url("g"), ca_pem, timeout_s=30, attempts=1, min_bytes_per_s=1024, rate_grace_s=2)
+    )
+    assert got.body == BODY
+
+
 async def test_one_deadline_covers_every_hop_and_retry(
     registry: RegistryServer, client: RegistryClient, ca_pem: str
 ) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memory_fields import SERVER_METADATA
-from memory_writes import Defaults, apply, merge_patch, no_defaults, rayservice_defaults, update
+from memory_writes import Defaults, apply, httproute_defaults, merge_patch, no_defaults, rayservice_defaults, update
 
 from servegraph.kube import KubeError
 from servegraph.names import Key
@@ -65,6 +65,8 @@ class MemoryApiServer:
     after_read: dict[str, Callable[[], object]] = field(default_factory=dict)
     """Method name → run once just after that read answers: a hand edit landing between
     the operator's read and its write."""
+    httproutes: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    """The HTTPRoutes of spec.expose (the RouteApi), by server-side apply as the others."""
     written: dict[tuple[str, Key], dict[str, Any]] = field(default_factory=dict)
     """Each object as this server last stored it: what `edit` compares a hand edit with."""
 
@@ -81,6 +83,8 @@ class MemoryApiServer:
             "post_event",
             "create_configmap",
             "patch_configmap",
+            "apply_httproute",
+            "delete_httproute",
         }
         return [c for c in self.calls if c in writes]
 
@@ -106,6 +110,8 @@ class MemoryApiServer:
             return self.rayservices, True, rayservice_defaults
         if kind == "ConfigMap":
             return self.configmap_objects, False, no_defaults
+        if kind == "HTTPRoute":
+            return self.httproutes, True, httproute_defaults
         raise ValueError(f"the stand-in keeps no {kind}")
 
     def _commit(self, kind: str, key: Key, before: Mapping[str, Any] | None, obj: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +193,7 @@ class MemoryApiServer:
     def edit(self, obj: dict[str, Any], manager: str = "kubectl-edit") -> None:
         """Record a write by `manager` to `obj`, a stored object the test changed in place (as
         `kubectl edit` would): it owns what it changed, and `obj` gets the new resourceVersion."""
-        for kind in ("RayService", "ConfigMap"):
+        for kind in ("RayService", "ConfigMap", "HTTPRoute"):
             store, _, defaults = self._kind(kind)
             key = next((k for k, v in store.items() if v is obj), None)
             if key is not None:
@@ -233,6 +239,25 @@ class MemoryApiServer:
         marked["metadata"] |= {"deletionTimestamp": NOW, "deletionGracePeriodSeconds": 0}
         marked["metadata"]["generation"] = int(meta.get("generation") or 1) + 1  # as it does for custom resources
         self._commit("RayService", key, obj, marked)
+
+    async def get_httproute(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("get_httproute")
+        return self._read("get_httproute", self.httproutes.get((namespace, name)))
+
+    async def apply_httproute(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
+        self._call("apply_httproute")
+        return self.apply_as(MANAGER, manifest, force)
+
+    async def delete_httproute(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete with uid and resourceVersion preconditions (409 otherwise); no finalizers."""
+        self._call("delete_httproute")
+        obj = self.httproutes.get((namespace, name))
+        if obj is None:
+            return
+        if (obj["metadata"].get("uid"), obj["metadata"].get("resourceVersion")) != (uid, resource_version):
+            raise KubeError("Conflict", "the precondition does not match the object", 409)
+        del self.httproutes[(namespace, name)]
+        self.written.pop(("HTTPRoute", (namespace, name)), None)
 
     def kuberay_reports(self, namespace: str, name: str, **apps: str) -> dict[str, Any]:
         """What KubeRay writes through the status subresource once it acted on the current spec:

@@ -176,14 +176,26 @@ def merge_patch(obj: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+def httproute_defaults(obj: dict[str, Any]) -> None:
+    """What the Gateway API's HTTPRoute schema (v1.4, standard) defaults in what the operator
+    renders: a backend's group, kind and weight."""
+    for rule in (obj.get("spec") or {}).get("rules") or ():
+        for ref in rule.get("backendRefs") or ():
+            ref.setdefault("group", "")
+            ref.setdefault("kind", "Service")
+            ref.setdefault("weight", 1)
+
+
 def rayservice_defaults(obj: dict[str, Any]) -> None:
-    """The defaults of KubeRay's RayService schema that the operator's manifests meet:
-    a worker group's numOfHosts, and a container's or the serve Service's port protocol."""
+    """The defaults of KubeRay's RayService schema (1.7) that the operator's manifests meet:
+    a worker group's numOfHosts and priority (1.7's autoscaler ordering; 1.6 has no such
+    field), and a container's or the serve Service's port protocol."""
     spec = obj.get("spec") or {}
     cluster = spec.get("rayClusterConfig") or {}
     groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or ())]
     for group in cluster.get("workerGroupSpecs") or ():
         group.setdefault("numOfHosts", 1)
+        group.setdefault("priority", 0)
     pod_specs = [((g.get("template") or {}).get("spec") or {}) for g in groups]
     for pod in pod_specs:
         for container in [*(pod.get("containers") or ()), *(pod.get("initContainers") or ())]:

@@ -9,15 +9,31 @@ from memory_api import MemoryApiServer, MemoryRegistry
 from support import SAMPLES
 
 from servegraph.names import REFRESH_ANNOTATION, Key
-from servegraph.operator.reconcile import Reconciler
-from servegraph.operator.run.metrics import Metrics
-from servegraph.operator.run.queue import WorkQueue
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.reconcile import Reconciler, RetryLater
 
 NS, NAME = "team-a", "mini"
 KEY: Key = (NS, NAME)
 URL = "https://registry.test/v1/graphs/mini"
 TOKEN = "s3cret"
 MINI = (SAMPLES / "mini.pb").read_bytes()
+
+
+async def reconcile_through_downloads(reconciler: Reconciler, key: Key) -> float | None:
+    """A reconcile as the workers run it, and the one its download's end queues: what one pass
+    did before downloads ran beside the workers (operator/fetch/downloads.py)."""
+    while True:
+        try:
+            result = await reconciler.reconcile(key)
+        except RetryLater:
+            if not reconciler.downloads.busy(key):
+                raise
+            result = None
+        if not reconciler.downloads.busy(key):
+            return result
+        await reconciler.downloads.ended(key)
+        reconciler.queue.discard(key)  # what the download's end queued: run here, as a worker would
 
 
 class Cluster:
@@ -49,7 +65,7 @@ class Cluster:
             del self.api.rayservices[KEY]
 
     async def reconcile(self) -> float | None:
-        return await self.reconciler.reconcile(KEY)
+        return await reconcile_through_downloads(self.reconciler, KEY)
 
     async def started(self) -> None:
         """Start-up: the watch lists the ServeGraph, the first reconcile applies, and the

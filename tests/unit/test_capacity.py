@@ -104,7 +104,15 @@ def test_validate_and_render_plan_with_the_pods_of_a_servegraph(
     small = _write(
         tmp_path,
         "sg.yaml",
-        {"kind": "ServeGraph", "spec": {"rayService": {"workers": {"resources": {"limits": {"cpu": "1"}}}}}},
+        {
+            "apiVersion": "servegraph.io/v1alpha1",
+            "kind": "ServeGraph",
+            "metadata": {"name": "small"},
+            "spec": {
+                "source": {"url": "https://registry.example/g", "tokenSecretRef": {"name": "token"}},
+                "rayService": {"workers": {"resources": {"limits": {"cpu": "1"}}}},
+            },
+        },
     )
     assert main(["validate", str(graph_file), "--pods", str(small)]) == 2
     err = capsys.readouterr().err
@@ -113,7 +121,7 @@ def test_validate_and_render_plan_with_the_pods_of_a_servegraph(
 
     roomy = _write(tmp_path, "rs.yaml", {"workers": {"resources": {"limits": {"cpu": "3"}}}})
     assert main(["validate", str(graph_file), "--pods", str(roomy)]) == 0
-    assert f"fits the pods of {roomy}" in capsys.readouterr().out
+    assert f"fits the pods of spec.rayService in {roomy}" in capsys.readouterr().out
     assert main(["render", str(graph_file), "--pods", str(roomy)]) == 0
     manifest = yaml.safe_load(capsys.readouterr().out)
     group = cpu_group(manifest)
@@ -121,7 +129,7 @@ def test_validate_and_render_plan_with_the_pods_of_a_servegraph(
     assert (group["replicas"], group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]) == (2, "3")
 
     assert main(["validate", str(graph_file), "--pods", str(_write(tmp_path, "bad.yaml", "[1, 2]"))]) == 2
-    assert "must be a ServeGraph or its spec.rayService mapping" in capsys.readouterr().err
+    assert "no ServeGraph (nor a spec.rayService section) in it: it holds a YAML list" in capsys.readouterr().err
 
 
 async def test_the_operator_refuses_pods_too_small_and_keeps_what_runs() -> None:

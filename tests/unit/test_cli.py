@@ -20,7 +20,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_validate_ok() -> None:
     out = run("validate", str(SAMPLES / "complete.txtpb"))
     assert out.returncode == 0, out.stderr
-    assert "graph 'complete' version '7.2.0' is valid (3 applications, 14 nodes)" in out.stdout
+    assert "graph 'complete' version '7.2.0' is valid (3 applications, 14 nodes; 2,078 bytes, RayService " in out.stdout
 
 
 def test_validate_reports_every_error_without_traceback(tmp_path: Path) -> None:
@@ -33,8 +33,8 @@ def test_validate_reports_every_error_without_traceback(tmp_path: Path) -> None:
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert lines == [
-        'error: application "a", node "x", field resources.num_cpus: must be a finite number ≥ 0, got -2.0',
-        'error: application "a", node "x": unknown node reference "nope"',
+        f'error: {bad}: application "a", node "x", field resources.num_cpus: must be a finite number ≥ 0, got -2.0',
+        f'error: {bad}: application "a", node "x": unknown node reference "nope"',
     ]
     assert "Traceback" not in out.stderr
 
@@ -76,28 +76,28 @@ def test_validate_and_pack_refuse_a_graph_the_operator_could_not_size(tmp_path: 
     bad = tmp_path / "oversized.txtpb"
     bad.write_text(text)
     expected = (
-        'error: application "sentiment", node "tokenizer", field resources: '
+        f'error: {bad}: application "sentiment", node "tokenizer", field resources: '
         'one replica does not fit a worker of group "tiny": num_cpus 0.25 > 0.1'
     )
     out = run("validate", str(bad))
     assert out.returncode == 2
     assert out.stderr.startswith(expected), out.stderr
-    packed = run("pack", str(bad), "-o", str(tmp_path / "oversized.pb"))
+    packed = run("pack", str(bad), "--output", str(tmp_path / "oversized.pb"))
     assert packed.returncode == 2 and expected in packed.stderr
     assert not (tmp_path / "oversized.pb").exists()
 
 
 def test_pack_round_trips_and_refuses_invalid(tmp_path: Path) -> None:
     out_file = tmp_path / "mini.pb"
-    out = run("pack", str(SAMPLES / "mini.txtpb"), "-o", str(out_file))
+    out = run("pack", str(SAMPLES / "mini.txtpb"), "--output", str(out_file))
     assert out.returncode == 0, out.stderr
     assert out_file.read_bytes() == (SAMPLES / "mini.pb").read_bytes()
     as_json = tmp_path / "mini.json"
-    assert run("pack", str(out_file), "-o", str(as_json), "--to", "json").returncode == 0
+    assert run("pack", str(out_file), "--output", str(as_json), "--to", "json").returncode == 0
     assert load_graph(as_json) == load_graph(SAMPLES / "mini.pb")
     bad = tmp_path / "bad.txtpb"
     bad.write_text('name: "bad" schema_version: 1')
-    refused = run("pack", str(bad), "-o", str(tmp_path / "bad.pb"))
+    refused = run("pack", str(bad), "--output", str(tmp_path / "bad.pb"))
     assert refused.returncode == 2
     assert "at least one application" in refused.stderr
     assert not (tmp_path / "bad.pb").exists()

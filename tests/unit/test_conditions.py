@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import yaml
 
 from servegraph.names import ConditionType
-from servegraph.operator.status import conditions
-from servegraph.operator.status.conditions import Condition
+from servegraph.operator import conditions
+from servegraph.operator.conditions import Condition
 from servegraph.statustree.tree import Snapshot, render
 
 T0 = "2026-11-23T10:00:00Z"

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from support import ROOT
 
-from servegraph.operator.run.metrics import Metrics
+from servegraph.operator.metrics import Metrics
 from servegraph.runtime import telemetry
 
 DASHBOARD = ROOT / "config" / "grafana" / "servegraph-overview.json"

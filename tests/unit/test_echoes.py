@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from servegraph.operator.apply.drift import Live
 from servegraph.operator.cache import WatchCache
-from servegraph.operator.run import kopf_settings
+from servegraph.operator.kuberay import Live
+from servegraph.operator.run import kopf_private, kopf_settings
 from servegraph.operator.run.echoes import RAYSERVICE, SERVEGRAPH, EchoFilter
 
 NS, NAME = "tenant", "g"
@@ -46,14 +46,12 @@ def line(kind: str, obj: dict[str, Any]) -> str:
 @pytest.fixture
 def decoding() -> Iterator[tuple[WatchCache, EchoFilter, Any]]:
     """A cache, its filter installed in the watch decoder, and the decoder kopf calls."""
-    from kopf._cogs.clients import api
-
     assert kopf_settings.decode_watch_events_with_orjson()
     cache = WatchCache()
     echoes = EchoFilter(cache)
     kopf_settings.drop_echoes(echoes.drop)
     try:
-        yield cache, echoes, api.json.loads
+        yield cache, echoes, kopf_private.watch_loads()
     finally:
         kopf_settings.drop_echoes(None)
 
@@ -119,11 +117,9 @@ def test_an_object_listed_at_start_is_handled_without_having_been_counted() -> N
 
 
 def test_without_a_filter_every_event_is_decoded_as_sent() -> None:
-    from kopf._cogs.clients import api
-
     assert kopf_settings.decode_watch_events_with_orjson()
     kopf_settings.drop_echoes(None)
-    assert api.json.loads(line("ADDED", rayservice("6")))["object"]["metadata"]["resourceVersion"] == "6"
+    assert kopf_private.watch_loads()(line("ADDED", rayservice("6")))["object"]["metadata"]["resourceVersion"] == "6"
 
 
 def test_the_drops_are_counted_by_kind_in_the_metrics() -> None:

@@ -94,3 +94,20 @@ async def test_slow_at_the_ingress_waits_the_requests_own_delay() -> None:
     out = await Slow(delay_s=5.0)(http_request(b'{"delay_s": 0.05, "x": 1}'))
     assert time.monotonic() - start < 2.0
     assert out["payload"] == {"delay_s": 0.05, "x": 1}
+
+
+async def test_flaky_fails_one_request_in_every_and_answers_the_rest() -> None:
+    from servegraph.examples import Flaky
+
+    flaky = Flaky(every=3, tag="v3")
+    outcomes = []
+    for i in range(6):
+        try:
+            outcomes.append((await flaky({"i": i}))["node"])
+        except RuntimeError as e:
+            outcomes.append(str(e))
+    assert outcomes == ["v3", "v3", "v3: failing one request in 3", "v3", "v3", "v3: failing one request in 3"]
+    assert Flaky(every=3.0).every == 3, "a graph's numbers arrive as floats"
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="every must be a whole number"):
+            Flaky(every=bad)

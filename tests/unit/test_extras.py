@@ -36,5 +36,5 @@ def test_every_command_is_listed_whatever_is_installed() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (
-        "['call', 'diff', 'down', 'fetch', 'inspect', 'pack', 'render', 'restart', 'rollback', 'run', 'status', 'up', 'validate'] []"
+        "['abort', 'call', 'canary', 'completion', 'diff', 'down', 'fetch', 'inspect', 'pack', 'promote', 'render', 'restart', 'rollback', 'run', 'status', 'up', 'validate'] []"
     )

@@ -43,7 +43,8 @@ class Graphs(service_pb2_grpc.GraphServiceServicer):  # type: ignore[misc]
             error = service_pb2.Error(message="boom", node="model", timed_out=True)
             return service_pb2.CallResponse(error=error)
         payload = from_value(request.payload)
-        return service_pb2.CallResponse(result=to_value({"payload": payload, "headers": dict(request.headers)}))
+        headers = {k: v for k, v in context.invocation_metadata() if k.startswith("x-")}  # gRPC adds its own
+        return service_pb2.CallResponse(result=to_value({"payload": payload, "headers": headers}))
 
     def Stream(self, request: Any, context: Any) -> Iterator[Any]:
         app = self._app(context)

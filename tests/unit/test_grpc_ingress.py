@@ -8,14 +8,17 @@ import inspect
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
+from grpc_context import GrpcContext
+
 from servegraph.examples import Echo, TokenGenerator
 from servegraph.runtime.builder import build, takes_headers
 from servegraph.runtime.grpc_ingress import with_graph_service
+from servegraph.runtime.serve_internals import bound
 from servegraph.v1 import service_pb2
 
 
-def call_request(payload: Any, headers: dict[str, str] | None = None) -> service_pb2.CallRequest:
-    req = service_pb2.CallRequest(headers=headers or {})
+def call_request(payload: Any) -> service_pb2.CallRequest:
+    req = service_pb2.CallRequest()
     req.payload.string_value = payload
     return req
 
@@ -30,7 +33,7 @@ async def test_a_class_gets_call_and_stream_and_keeps_its_http_behaviour() -> No
     served = with_graph_service(Echo, "echo", takes_headers(Echo))
     assert issubclass(served, Echo) and served is not Echo
     assert served.__call__ is Echo.__call__  # HTTP goes where it went
-    reply = await served("t").Call(call_request("hi", {"X-Id": "1"}))
+    reply = await served("t").Call(call_request("hi"), grpc_context=GrpcContext({"x-id": "1"}))
     assert reply.result.struct_value["payload"] == "hi"
     assert reply.result.struct_value["headers"]["x-id"] == "1"
 
@@ -49,7 +52,7 @@ async def test_a_failure_is_the_error_field_naming_the_node() -> None:
             raise KeyError("x")
 
     reply = await with_graph_service(Broken, "broken", False)().Call(call_request("p"))
-    assert reply.error == service_pb2.Error(message="node \"broken\" failed: KeyError: 'x'", node="broken")
+    assert reply.error == service_pb2.Error(message='node "broken" failed: KeyError', node="broken")
     [last] = [r async for r in with_graph_service(Broken, "broken", False)().Stream(stream_request("p"))]
     assert last.error.node == "broken"
 
@@ -96,11 +99,11 @@ def test_only_the_ingress_is_wrapped() -> None:
             ],
         }
     )
-    (step,) = app._bound_deployment.init_args[1]
-    assert step.handle._bound_deployment.func_or_class is Echo
+    (step,) = bound(app).init_args[1]
+    assert bound(step.handle).func_or_class is Echo
     user_ingress = build(
         {"ingress": "e", "nodes": [{"id": "e", "deployment": {"import_path": "servegraph.examples:Echo"}}]}
     )
-    wrapped = user_ingress._bound_deployment.func_or_class
+    wrapped = bound(user_ingress).func_or_class
     assert wrapped is not Echo and issubclass(wrapped, Echo) and hasattr(wrapped, "Call")
     assert asyncio.iscoroutinefunction(wrapped.Stream) is False and inspect.isasyncgenfunction(wrapped.Stream)

@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 import pytest
 
+from servegraph.operator.run import kopf_private
 from servegraph.operator.run.kopf_settings import refuse_change_handlers
 
 
@@ -14,7 +15,7 @@ def test_the_operators_own_handlers_pass() -> None:
     import servegraph.operator.run.handlers  # noqa: F401 - registers them in the default registry
 
     registry = kopf.get_default_registry()
-    assert registry._watching.get_all_handlers(), "the operator's on.event handlers are registered"
+    assert kopf_private.watching_handlers(registry), "the operator's on.event handlers are registered"
     refuse_change_handlers(registry)
 
 
@@ -45,16 +46,14 @@ def test_a_field_handler_stops_the_start_too() -> None:
 
 
 def test_kopf_decodes_watch_events_with_orjson_and_the_same_result() -> None:
-    import inspect
     import json
-
-    from kopf._cogs.clients import api
 
     from servegraph.operator.run.kopf_settings import decode_watch_events_with_orjson
 
     assert decode_watch_events_with_orjson()
     assert decode_watch_events_with_orjson(), "a second start (tests, a restarted loop) keeps it"
-    assert "json.loads(" in inspect.getsource(api.stream), "kopf still decodes each watch line by that name"
+    kopf_private.check()  # kopf still decodes each watch line with that name
+    loads = kopf_private.watch_loads()
     event = {
         "type": "MODIFIED",
         "object": {
@@ -66,11 +65,11 @@ def test_kopf_decodes_watch_events_with_orjson_and_the_same_result() -> None:
         },
     }
     line = json.dumps(event, ensure_ascii=False)
-    decoded = api.json.loads(line)
+    decoded = loads(line)
     assert decoded == json.loads(line)
     assert type(decoded["object"]["metadata"]["generation"]) is int
     with pytest.raises(json.JSONDecodeError, match="Expecting"):  # the standard library's words
-        api.json.loads('{"type": "ADDED", "object": {')
+        loads('{"type": "ADDED", "object": {')
 
 
 def test_watch_events_lose_their_field_sets_but_keep_who_wrote_them() -> None:
@@ -78,12 +77,11 @@ def test_watch_events_lose_their_field_sets_but_keep_who_wrote_them() -> None:
     garbage collector walked. The managers stay: a conflict's message names them."""
     import json
 
-    from kopf._cogs.clients import api
-
     from servegraph.operator.apply.drift import live_of
     from servegraph.operator.run.kopf_settings import decode_watch_events_with_orjson
 
     assert decode_watch_events_with_orjson()
+    loads = kopf_private.watch_loads()
     fields = {"f:spec": {"f:rayClusterConfig": {".": {}, "f:headGroupSpec": {}}}}
     entries = [
         {"manager": "a-person", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": fields},
@@ -98,15 +96,15 @@ def test_watch_events_lose_their_field_sets_but_keep_who_wrote_them() -> None:
             "spec": {"serveConfigV2": "applications: []\n"},
         },
     }
-    decoded = api.json.loads(json.dumps(event))
+    decoded = loads(json.dumps(event))
     kept = decoded["object"]["metadata"]["managedFields"]
     assert kept == [{k: v for k, v in e.items() if k != "fieldsV1"} for e in entries]
     assert decoded["object"]["spec"] == event["object"]["spec"], "only the field sets go"
     assert live_of(decoded["object"], None).managers == ("a-person",), "KubeRay's status writes name no writer"
     # A line orjson refuses (a number past a double's range) goes to the standard library: stripped alike.
-    refused = api.json.loads(json.dumps(event).replace('"applications: []\\n"', "1e400"))
+    refused = loads(json.dumps(event).replace('"applications: []\\n"', "1e400"))
     assert refused["object"]["spec"]["serveConfigV2"] == float("inf"), "decoded by the standard library"
     assert refused["object"]["metadata"]["managedFields"] == kept
     # Events of other shapes pass as they came: a watch's ERROR carries a Status, a BOOKMARK no fields.
     for other in ({"type": "ERROR", "object": {"kind": "Status", "code": 410}}, {"type": "BOOKMARK"}, [1, 2]):
-        assert api.json.loads(json.dumps(other)) == other
+        assert loads(json.dumps(other)) == other

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("fetch", {"source"}),
     ("graph", {"graph"}),
     ("render", {"render"}),
-    ("apply: to Kubernetes, or straight to a Ray dashboard", {"kube", "raydash"}),
+    ("apply: to Kubernetes, or straight to a Ray dashboard; and what serving did", {"kube", "raydash", "evidence"}),
     ("`servegraph status`: reads back what the operator, KubeRay and Ray Serve report", {"statustree"}),
     ("status: the operator, which composes all of the above", {"operator"}),
     # Calls a graph once it serves: beside the flow, it needs only the wire schema.
@@ -38,6 +38,39 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 LAYER = {package: i for i, (_, packages) in enumerate(LAYERS) for package in packages}
 MAX_LINES = 400
+
+# Inside the operator, the same rule: its units stand in one order, bottom first, and a module
+# may import only its own unit and those below. At the bottom, the values the reconcile's stages
+# hand each other (each of those modules in order too); then the stages in the order a reconcile
+# runs them; then their composition, the reconcile, and the running process that wires it.
+OPERATOR_SHARED = [
+    "conditions",
+    "packed",
+    "parsed",
+    "kuberay",
+    "values",
+    "secrets",
+    "serve_service",
+    "gateways",
+    "spec",
+    "protocols",
+    "graph_metrics",
+    "metrics",
+    "queue",
+    "cache",
+    "unexpected",
+]
+OPERATOR_UNITS: list[tuple[str, set[str]]] = [
+    *((f"the shared values: {m}", {m}) for m in OPERATOR_SHARED),
+    ("the fetch stage", {"fetch"}),
+    ("the rollout stage", {"rollout"}),
+    ("the render and apply stages", {"apply"}),
+    ("the status stage", {"status"}),
+    ("ownership → rollout → render → apply, composed", {"deploying"}),
+    ("the reconcile", {"reconcile"}),
+    ("the running process: kopf, workers, leader election, servers", {"run"}),
+]
+OPERATOR_UNIT = {name: i for i, (_, names) in enumerate(OPERATOR_UNITS) for name in names}
 
 
 def _package_of(module: str) -> str:
@@ -99,6 +132,46 @@ def test_imports_only_point_down_the_flow() -> None:
                 where = f"{path.relative_to(ROOT)}:{line}"
                 wrong.append(f"{where}: {importer} ({LAYERS[LAYER[importer]][0]}) imports {module}")
     assert wrong == []
+
+
+def _operator_unit(module: str) -> str | None:
+    """`servegraph.operator.apply.writer` → `apply`; None for the package itself."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "operator" else None
+
+
+def test_every_operator_module_has_a_place_in_its_order() -> None:
+    found = {_operator_unit(_module_name(p)) for p in (SRC / "operator").rglob("*.py")} - {None}
+    assert found - set(OPERATOR_UNIT) == set(), "add the new module or package to OPERATOR_UNITS"
+    assert set(OPERATOR_UNIT) - found == set(), "a unit in OPERATOR_UNITS no longer exists"
+
+
+def test_operator_imports_only_point_down_its_order() -> None:
+    """No stage imports a later one, the shared values import no stage, nothing imports `run`."""
+    wrong = []
+    for path in sorted((SRC / "operator").rglob("*.py")):
+        here = _module_name(path)
+        importer = _operator_unit(here)
+        if importer is None:
+            continue
+        for line, module in _imports(path.read_text(), here, path.name == "__init__.py"):
+            imported = _operator_unit(module)
+            if imported is None or imported == importer:
+                continue
+            if OPERATOR_UNIT[imported] > OPERATOR_UNIT[importer]:
+                unit = OPERATOR_UNITS[OPERATOR_UNIT[importer]][0]
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {importer} ({unit}) imports {module}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [("fetch", "rollout"), ("rollout", "apply"), ("apply", "status"), ("reconcile", "run"), ("cache", "apply")],
+)
+def test_the_operator_arrows_the_issue_names_stay_forbidden(importer: str, imported: str) -> None:
+    """The back-up imports issue 43 found (download → rollout.store, step → apply, cache → apply,
+    the reconcile → run/) must stay refused whatever OPERATOR_UNITS becomes."""
+    assert OPERATOR_UNIT[imported] > OPERATOR_UNIT[importer]
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ from reconcile_support import KEY, NAME, NS, Cluster
 from test_reconcile_rollout import mini, ready, with_clock
 
 from servegraph.gcpause import CollectorClock
-from servegraph.operator.run.graph_metrics import GraphCounter, GraphHistogram
-from servegraph.operator.run.metrics import PER_GRAPH_BUCKETS, Metrics
+from servegraph.operator.graph_metrics import GraphCounter, GraphHistogram
+from servegraph.operator.metrics import PER_GRAPH_BUCKETS, Metrics
 
 
 def samples(metrics: Metrics, name: str) -> list[tuple[dict[str, str], float]]:

@@ -13,22 +13,16 @@ from support import SAMPLES
 
 from servegraph.graph import load_graph
 from servegraph.names import ConditionType
+from servegraph.operator import conditions, secrets
 from servegraph.operator.apply.drift import contains
-from servegraph.operator.fetch import secrets
-from servegraph.operator.fetch.secrets import SecretError, SecretKeyRef
+from servegraph.operator.conditions import Condition
+from servegraph.operator.kuberay import mirror_applications, mirror_upgrade
+from servegraph.operator.queue import WorkQueue
 from servegraph.operator.run.events_endpoint import TokenBucket, matches, parse_event, parse_selector
-from servegraph.operator.run.queue import WorkQueue
+from servegraph.operator.secrets import SecretError, SecretKeyRef
 from servegraph.operator.spec import ConfigMapKeyRef, SpecError, parse_duration, parse_spec
-from servegraph.operator.status import conditions
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import (
-    Event,
-    fold_events,
-    merge_patch,
-    mirror_applications,
-    mirror_upgrade,
-    ready_condition,
-)
+from servegraph.operator.status.report import fold_events, merge_patch, ready_condition
+from servegraph.operator.values import Event
 
 
 @pytest.mark.parametrize(
@@ -59,7 +53,8 @@ def test_spec_defaults_and_overrides() -> None:
     assert spec.source.token == SecretKeyRef("team-a", "t", "token")
     assert spec.source.timeout_s == 30 and spec.source.poll_interval_s is None
     assert spec.source.ca_config_map == ConfigMapKeyRef("team-a", "ca", "ca.crt")
-    assert spec.source.secrets() == {("team-a", "t")}
+    assert spec.source.ca_secret is None
+    assert (spec.ray_service.name, spec.ray_service.image, spec.ray_service.strategy) == ("svc", "img:1", None)
     options = spec.rayservice_options("sg", "ns", {"uid": "u"})
     assert (options.name, options.image, options.labels) == ("svc", "img:1", {"servegraph.io/graph": "sg"})
     assert dict(options.workers.node_selector) == {"pool": "ray"}
@@ -178,27 +173,6 @@ async def test_queue_dedupes_and_requeues_dirty_keys() -> None:
     delays = [q.retry("b") for _ in range(4)]
     assert delays[0] < delays[-1] <= 0.05 * 1.2
     await asyncio.wait_for(q.get(), timeout=5)
-
-
-async def test_a_key_queued_first_runs_next_once_and_a_waiting_worker_wakes_for_it() -> None:
-    q: WorkQueue[str] = WorkQueue()
-    for key in "abc":
-        q.add(key)
-    q.add_first("c")  # queued already: moved to the front, not queued twice
-    q.add_first("d")
-    assert len(q) == 4
-    assert [await q.get() for _ in range(4)] == ["d", "c", "a", "b"]
-    for key in "abcd":
-        q.done(key)
-    waiting = asyncio.create_task(q.get())
-    await asyncio.sleep(0)
-    assert not waiting.done()
-    q.add_first("e")
-    assert await asyncio.wait_for(waiting, timeout=5) == "e"
-    q.add_first("e")  # while it runs: once more after, as add() does
-    assert len(q) == 0
-    q.done("e")
-    assert await q.get() == "e"
 
 
 def test_token_bucket() -> None:

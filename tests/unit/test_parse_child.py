@@ -19,6 +19,7 @@ from servegraph.graph import GraphError, parse_graph
 from servegraph.operator.fetch import parse_child, parsing
 from servegraph.operator.fetch.parsing import INLINE_BYTES, INLINE_NODES, GraphParser, ParserFailed
 from servegraph.v1 import graph_pb2
+from servegraph_testbed.waiting import eventually
 
 MINI = (SAMPLES / "mini.pb").read_bytes()
 NO_LIMIT = 1e9
@@ -68,13 +69,27 @@ def _oom_score_adj(pid: int) -> int:
     return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
 
 
+def _bytes_read(pid: int) -> int:
+    """What the process has read so far, from the kernel (`rchar` of /proc/PID/io)."""
+    return int(Path(f"/proc/{pid}/io").read_text().split("rchar:")[1].split()[0])
+
+
+async def _exited(parser: GraphParser) -> None:
+    """Until the parser knows its one child has exited."""
+
+    async def gone() -> bool:
+        return parser.pids() == (None,)
+
+    await eventually(gone, within=10, interval=0.01, what="the parser sees its child exited")
+
+
 async def test_children_yield_the_cpu_and_are_the_first_oom_victims() -> None:
     """A parse takes what the operator's loop, the API server and smaller parses leave: on two
     shared cores, a child at the operator's priority made B's update 1.8x slower while A parsed."""
     parser = GraphParser(workers=1)
     try:
         await parser.start()
-        pid = parser._children[0].pid
+        (pid,) = parser.pids()
         assert pid is not None and pid != os.getpid()
         assert _nice(pid) == min(19, os.nice(0) + parsing.CHILD_NICENESS)
         assert _oom_score_adj(pid) == 1000
@@ -86,12 +101,12 @@ async def test_a_child_killed_between_parses_is_replaced() -> None:
     parser = GraphParser(workers=1)
     try:
         await parser.start()
-        first = parser._children[0].pid
+        (first,) = parser.pids()
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        await asyncio.sleep(0.2)
+        await _exited(parser)
         graph = await parser.parse(QUICK, len(QUICK), tenant="a")
-        assert graph.name and parser._children[0].pid not in (None, first)
+        assert graph.name and parser.pids()[0] not in (None, first)
     finally:
         await parser.close()
 
@@ -101,15 +116,21 @@ async def test_a_child_dying_mid_parse_is_an_invalid_graph_and_the_next_parse_ge
     slow = _slow()
     try:
         await parser.start()
-        first = parser._children[0].pid
+        (first,) = parser.pids()
         assert first is not None
+        before = _bytes_read(first)
         parsing_now = asyncio.create_task(parser.parse(slow, len(slow), tenant="a"))
-        await asyncio.sleep(0.1)  # the child has the graph and parses it (~0.5 s)
+
+        async def has_the_graph() -> bool:  # read whole, so it parses now (~0.5 s)
+            return _bytes_read(first) >= before + parse_child.REQUEST.size + len(slow)
+
+        await eventually(has_the_graph, within=10, interval=0.005, what="the child read the graph")
+        assert not parsing_now.done()
         os.kill(first, signal.SIGKILL)
         with pytest.raises(GraphError, match="could not be parsed within 10 s of CPU and 768 MiB of memory"):
             await parsing_now
         graph = await parser.parse(QUICK, len(QUICK), tenant="a")
-        assert graph.name and parser._children[0].pid not in (None, first)
+        assert graph.name and parser.pids()[0] not in (None, first)
     finally:
         await parser.close()
 
@@ -120,7 +141,7 @@ async def test_a_parse_past_its_cpu_limit_is_stopped_by_the_kernel() -> None:
     slow = _slow()
     try:
         await parser.start()
-        first = parser._children[0].pid
+        (first,) = parser.pids()
         stopped = None
         for _ in range(6):  # each parse of `slow` is refused after ~0.5 s of CPU, if it lives that long
             try:
@@ -132,7 +153,7 @@ async def test_a_parse_past_its_cpu_limit_is_stopped_by_the_kernel() -> None:
                 assert "route_prefix" in str(exc)
         assert stopped is not None, "the child was never stopped at its CPU limit"
         graph = await parser.parse(QUICK, len(QUICK), tenant="a")
-        assert graph.name and parser._children[0].pid not in (None, first)
+        assert graph.name and parser.pids()[0] not in (None, first)
     finally:
         await parser.close()
 
@@ -165,11 +186,11 @@ class _Answering:
 async def test_a_parser_bug_is_reported_as_one_not_as_a_bad_graph() -> None:
     """The child's ("error", type) answer: the reconcile's unexpected-error path, not GraphValid=False."""
     child = parsing._Child(parsing.MiB)
-    child._process = _Answering(("error", "KeyError"))  # type: ignore[assignment]
+    process = _Answering(("error", "KeyError"))
+    child._process = process  # type: ignore[assignment]
     with pytest.raises(ParserFailed, match="the graph parser failed with KeyError"):
         await child.call(MINI, len(MINI), 1.0)
-    sent = child._process.stdin.sent  # type: ignore[union-attr]
-    assert sent == parse_child.REQUEST.pack(len(MINI), len(MINI), 1.0) + MINI
+    assert process.stdin.sent == parse_child.REQUEST.pack(len(MINI), len(MINI), 1.0) + MINI
 
 
 async def test_close_waits_until_every_child_has_exited() -> None:
@@ -177,14 +198,14 @@ async def test_close_waits_until_every_child_has_exited() -> None:
     its loop closed raised 'Event loop is closed' at exit."""
     parser = GraphParser(workers=2)
     await parser.start()
-    pids = [c.pid for c in parser._children]
+    pids = parser.pids()
     assert all(pids)
     await parser.close()
     for pid in pids:
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone and reaped: not even a zombie answers
-    assert all(c.pid is None for c in parser._children)
+    assert parser.pids() == (None, None)
 
 
 def _problems(data: bytes, max_bytes: int) -> list[tuple[str, str]]:
@@ -206,7 +227,7 @@ async def test_a_small_graph_is_parsed_on_the_loop_without_a_child() -> None:
             with pytest.raises(GraphError) as caught:
                 await parser.parse(data, max_bytes)
             assert [(p.path, p.message) for p in caught.value.problems] == _problems(data, max_bytes)
-        assert parser._children[0].pid is None
+        assert parser.pids() == (None,)
     finally:
         await parser.close()
 
@@ -230,7 +251,7 @@ async def test_a_small_graph_of_many_nodes_goes_to_a_child(nodes: int, in_child:
     try:
         with pytest.raises(GraphError):  # its extra nodes are unreachable from the ingress
             await parser.parse(data, len(data))
-        assert (parser._children[0].pid is not None) is in_child
+        assert (parser.pids()[0] is not None) is in_child
     finally:
         await parser.close()
 

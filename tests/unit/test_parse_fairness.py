@@ -14,10 +14,11 @@ from support import SAMPLES
 from servegraph.dag.model import Graph
 from servegraph.graph import GraphError
 from servegraph.operator.fetch import parsing
+from servegraph.operator.fetch.fairness import FairQueue
 from servegraph.operator.fetch.parsing import GraphParser, default_workers
-from servegraph.operator.run.fairness import FairQueue
 from servegraph.operator.run.worker import run_worker
 from servegraph.v1 import graph_pb2
+from servegraph_testbed.waiting import eventually
 
 MINI = (SAMPLES / "mini.pb").read_bytes()
 
@@ -32,6 +33,15 @@ def beyond_inline(data: bytes = MINI) -> bytes:
 
 
 QUICK = beyond_inline()
+
+
+async def queued(parser: GraphParser, running_a: int, waiting: int) -> None:
+    """Until tenant a's parses hold `running_a` children and `waiting` parses wait for one."""
+
+    async def there() -> bool:
+        return (parser.running("a"), parser.waiting()) == (running_a, waiting)
+
+    await eventually(there, within=10, interval=0.005, what=f"{running_a} of a's parses running, {waiting} waiting")
 
 
 def _drain(q: FairQueue[str]) -> list[str]:
@@ -131,7 +141,7 @@ async def _finish_order(workers: int) -> list[str]:
 
     try:
         tasks = [asyncio.create_task(parse("a", f"a{i}", slow)) for i in range(3)]
-        await asyncio.sleep(0.05)  # a's first parse runs, the others wait
+        await queued(parser, 1, 2)  # a's first parse runs (two children: a may hold one), the others wait
         tasks.append(asyncio.create_task(parse("b", "b", QUICK)))
         await asyncio.gather(*tasks)
     finally:
@@ -154,16 +164,15 @@ async def test_a_cancelled_wait_frees_its_turn() -> None:
     try:
         parsing.TENANT.set("a")
         first = asyncio.create_task(parser.parse(slow, len(slow)))
-        await asyncio.sleep(0.05)
+        await queued(parser, 1, 0)
         waiting = asyncio.create_task(parser.parse(QUICK, len(QUICK)))
-        await asyncio.sleep(0.05)
-        assert parser._queue.running("a") == 1 and parser._queue.waiting() == 1
+        await queued(parser, 1, 1)
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
         with contextlib.suppress(GraphError):
             await first
-        assert (parser._queue.running("a"), parser._queue.waiting()) == (0, 0)
+        assert (parser.running("a"), parser.waiting()) == (0, 0)
         graph = await parser.parse(QUICK, len(QUICK), tenant="b")  # the child is free again
         assert graph.name
     finally:
@@ -173,19 +182,18 @@ async def test_a_cancelled_wait_frees_its_turn() -> None:
 async def test_each_worker_parses_as_the_namespace_it_reconciles() -> None:
     c = Cluster()
     seen: list[str] = []
+    parsed = asyncio.Event()
 
     async def parse(data: bytes, max_bytes: int) -> Graph:
         seen.append(parsing.TENANT.get())
+        parsed.set()
         return await parsing.parse_here(data, max_bytes)
 
     c.reconciler.downloader.parser = parse
     c.watch_servegraph()
     worker = asyncio.create_task(run_worker(c.reconciler, c.queue))
     try:
-        for _ in range(500):
-            if seen:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(parsed.wait(), timeout=5)
     finally:
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -165,12 +165,16 @@ def test_render_with_pods_places_the_named_group(tmp_path: Path, capsys: pytest.
     pods.write_text(
         yaml.safe_dump(
             {
+                "apiVersion": "servegraph.io/v1alpha1",
+                "kind": "ServeGraph",
+                "metadata": {"name": "placed"},
                 "spec": {
+                    "source": {"url": "https://registry.example/g", "tokenSecretRef": {"name": "token"}},
                     "rayService": {
                         "workers": {"nodeSelector": {"pool": "ray"}},
                         "workerGroups": {"gpu": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "gpu-high"}},
-                    }
-                }
+                    },
+                },
             }
         )
     )
@@ -203,12 +207,15 @@ def test_the_complete_samples_placement_passes_kuberays_schema(kuberay_crds: Pat
     crd = yaml.safe_load((kuberay_crds / "ray.io_rayservices.yaml").read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = _closed(version["schema"]["openAPIV3Schema"])
-    _, sg = yaml.safe_load_all((SAMPLES / "complete.yaml").read_text())
+    (sg,) = [d for d in yaml.safe_load_all((SAMPLES / "complete.yaml").read_text()) if d["kind"] == "ServeGraph"]
     head, workers = pod_overrides(sg["spec"]["rayService"])
     options = RayServiceOptions(name="complete", head=head, workers=workers)
     manifest = render_rayservice(load_graph(SAMPLES / "complete.pb"), options)
     jsonschema.Draft7Validator(schema).validate(manifest)
     (a100,) = [g for g in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == "a100"]
     pod = a100["template"]["spec"]
-    assert set(pod["affinity"]) == {"nodeAffinity", "podAntiAffinity"}, "the hint's and the override's kinds"
+    assert set(pod["affinity"]) == {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+    # Replaced per kind: the group's own nodeAffinity over the hint's and the workers'.
+    group = sg["spec"]["rayService"]["workerGroups"]["a100"]["affinity"]
+    assert pod["affinity"]["nodeAffinity"] == group["nodeAffinity"]
     assert pod["priorityClassName"] == "serving-gpu"

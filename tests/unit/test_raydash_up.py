@@ -50,7 +50,7 @@ def test_sends_the_parse_of_the_serve_config_v2_string() -> None:
     from servegraph.render.serve_config import serve_config_yaml
 
     text, config = up.render(MINI)
-    assert text == serve_config_yaml(load_graph(MINI))
+    assert text == serve_config_yaml(load_graph(MINI), ready=True)
     assert config == yaml.safe_load(text)
     assert [a["name"] for a in config["applications"]] == ["sentiment"]
 

@@ -10,15 +10,15 @@ import copy
 
 import pytest
 from memory_writes import rayservice_defaults
-from reconcile_support import KEY, MINI, NAME, NS, TOKEN, URL, Cluster
+from reconcile_support import KEY, MINI, NAME, NS, TOKEN, URL, Cluster, reconcile_through_downloads
 from support import SAMPLES
 
 from servegraph.graph import Format, decode, encode, load_graph
 from servegraph.kube import KubeError
 from servegraph.names import SPEC_HASH_ANNOTATION
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
-from servegraph.operator.run.metrics import Metrics
-from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.spec import owner_reference, parse_spec
 from servegraph.render import render_rayservice
 
@@ -38,7 +38,7 @@ async def test_first_reconcile_applies_the_rendered_rayservice_and_says_so_once(
     assert [(m["manager"], m["operation"]) for m in managers] == [("servegraph-operator", "Apply")]
     assert stored["metadata"].pop("resourceVersion")  # given by the API server, never sent on a create
     assert stored["metadata"].pop("uid") and stored["metadata"].pop("creationTimestamp")
-    rayservice_defaults(expected)  # what KubeRay's schema fills in (numOfHosts, port protocols)
+    rayservice_defaults(expected)  # what KubeRay's schema fills in (numOfHosts, priority, port protocols)
     assert stored == expected
     # The graph is kept for a later rollback before the RayService is applied; nothing was kept
     # before, so the ConfigMap is created without a read.
@@ -232,7 +232,7 @@ async def test_after_a_restart_an_unseen_rayservice_is_read_once_and_not_written
     await c.started()
     fresh = Reconciler(c.api, c.registry, Metrics(), WorkQueue())
     fresh.servegraph_changed(copy.deepcopy(c.body))
-    await fresh.reconcile(KEY)
+    await reconcile_through_downloads(fresh, KEY)
     assert c.api.calls.count("get_rayservice") == 1
     assert "apply_rayservice" not in c.api.calls and "patch_servegraph_status" not in c.api.calls
 

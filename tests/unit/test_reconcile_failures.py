@@ -7,19 +7,20 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from reconcile_support import KEY, MINI, NAME, TOKEN, Cluster
 
-from servegraph.operator import reconcile
+from servegraph.operator import reconcile, unexpected
 from servegraph.operator.apply import rendering, writer
 from servegraph.operator.apply.objectsize import MAX_RAYSERVICE_BYTES, too_large
 from servegraph.operator.apply.writer import RayServiceWriter
 from servegraph.operator.fetch import download
+from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
 from servegraph.operator.rollout import step as progress
-from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.run.worker import run_worker
 from servegraph.render import render_rayservice
 from servegraph.v1 import graph_pb2
@@ -69,7 +70,7 @@ async def test_an_unexpected_exception_in_any_step_is_a_condition_an_event_and_a
         await c.reconcile()
     cond = condition_of(c, type_)
     assert (cond["status"], cond["reason"]) == ("False", "InternalError")
-    assert "ZeroDivisionError" in cond["message"] and reconcile.STEPS[step][1] in cond["message"]
+    assert "ZeroDivisionError" in cond["message"] and unexpected.STEPS[step][1] in cond["message"]
     warnings = [(r, m) for t, r, m in c.api.events if t == "Warning" and "InternalError" in m]
     assert warnings == [(warning, f"InternalError: {cond['message']}")]
     assert TOKEN not in str(c.body["status"]) and TOKEN not in str(c.api.events)
@@ -77,7 +78,9 @@ async def test_an_unexpected_exception_in_any_step_is_a_condition_an_event_and_a
     assert "apply_rayservice" not in c.api.calls
 
     c.watch_servegraph()  # the retry (when it is due): the same failure is counted, not said again
-    c.reconciler.cache.memory(KEY).fetch.retry_at = time.monotonic() - 1
+    memory = c.reconciler.cache.memory(KEY)
+    if memory.fetch.retry_at:  # a failed download's retry, due now
+        memory.fetch = replace(memory.fetch, retry_at=time.monotonic() - 1)
     c.api.events.clear()
     with pytest.raises(RetryLater):
         await c.reconcile()

@@ -12,10 +12,9 @@ from support import SAMPLES
 
 from servegraph.dag.model import Graph
 from servegraph.graph import load_graph
-from servegraph.operator import cache
 from servegraph.operator.apply import rendering
-from servegraph.operator.apply.drift import Live
-from servegraph.operator.cache import WatchCache
+from servegraph.operator.kuberay import Live
+from servegraph.operator.parsed import ParsedGraphs
 from servegraph.render import RayServiceOptions, render_rayservice
 
 
@@ -99,28 +98,41 @@ async def test_a_servegraph_keeps_its_graph_packed_and_a_later_render_parses_it_
     assert not any(isinstance(v, Graph) for v in vars(c.reconciler.cache.memory(KEY)).values())
     first = copy.deepcopy(c.api.rayservices[KEY]["spec"])
 
-    for generation, inline in ((2, True), (3, False)):
-        # Small bytes parse again on the loop; big ones in a parse child, as downloads do.
-        monkeypatch.setattr(rendering, "INLINE_PARSE_BYTES", len(MINI) if inline else len(MINI) - 1)
-        c.reconciler.cache._graphs.clear()  # as if a thousand other graphs were rendered since
+    for generation in (2, 3):
+        # Parsed again through the parser, as a download is: on the loop only within its inline
+        # limits (16 KiB and 200 nodes), in a parse child otherwise (issue 45: not by size alone).
+        c.reconciler.cache.parsed = ParsedGraphs()  # as if a thousand other graphs were rendered since
         c.body["metadata"]["generation"] = generation
         c.watch_servegraph()
         await c.reconcile()
-        assert parses == ([] if inline else [len(MINI)]) and len(renders) == generation
+        assert parses == [len(MINI)] * (generation - 1) and len(renders) == generation
         assert c.api.rayservices[KEY]["spec"] == first  # the same graph, rendered again from its bytes
         assert c.condition("Applied") == ("True", "UpToDate")
 
 
-def test_recently_parsed_graphs_are_bounded_by_their_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cache, "PARSED_NODES", 5)  # mini has two nodes
-    graphs = WatchCache()
-    mini = load_graph(SAMPLES / "mini.pb")
+def test_recently_parsed_graphs_are_bounded_by_their_nodes() -> None:
+    graphs = ParsedGraphs(total_nodes=5, namespace_nodes=5)
+    mini = load_graph(SAMPLES / "mini.pb")  # two nodes
     for digest in "abc":
-        graphs.share_graph(digest, mini)
-    assert graphs.graph("a") is None, "the least recently used went first"
-    assert graphs.graph("b") is mini
-    graphs.share_graph("d", mini)
-    assert graphs.graph("c") is None and graphs.graph("b") is mini and graphs.graph("d") is mini
+        graphs.put(digest, mini, "ns")
+    assert graphs.get("a") is None, "the least recently used went first"
+    assert graphs.get("b") is mini
+    graphs.put("d", mini, "ns")
+    assert graphs.get("c") is None and graphs.get("b") is mini and graphs.get("d") is mini
+
+
+def test_one_namespaces_graphs_evict_its_own_first() -> None:
+    """Issue 45: the one shared LRU let a tenant's large graphs evict everyone's."""
+    graphs = ParsedGraphs(total_nodes=8, namespace_nodes=4)
+    mini = load_graph(SAMPLES / "mini.pb")  # two nodes
+    graphs.put("victim", mini, "victim")
+    for i in range(10):  # a hostile tenant's stream of new graphs
+        graphs.put(f"hostile-{i}", mini, "hostile")
+    assert graphs.get("victim") is mini, "another namespace's graphs evicted the victim's"
+    assert graphs.nodes("hostile") == 4 and graphs.nodes() == 6
+    for name in ("a", "b", "c"):  # namespaces filling the total: the one holding the most goes first
+        graphs.put(name, mini, name)
+    assert graphs.nodes() <= 8 and graphs.get("victim") is mini and graphs.nodes("hostile") < 4
 
 
 async def test_what_a_servegraph_holds_between_reconciles_is_packed() -> None:

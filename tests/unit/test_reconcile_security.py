@@ -18,16 +18,18 @@ from typing import Any
 import aiohttp
 import pytest
 from memory_api import MemoryApiServer, MemoryRegistry
+from reconcile_support import reconcile_through_downloads
 from support import SAMPLES
 
 from servegraph.names import Key
 from servegraph.operator.fetch.parsing import GraphParser
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
-from servegraph.operator.run.metrics import Metrics
-from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.run.worker import run_worker
 from servegraph.source import Fetched, FetchRequest, Limits
 from servegraph.v1 import graph_pb2
+from servegraph_testbed.waiting import eventually
 
 NS = "team-a"
 TOKEN = "s3cret"
@@ -61,12 +63,19 @@ class Clock:
 class World:
     """An API server, a registry, a reconciler and its queue, with helpers to act as the watches."""
 
-    def __init__(self, fetcher: Callable[[FetchRequest], Awaitable[Fetched]] | None = None, **kw: Any) -> None:
-        self.api = MemoryApiServer()
+    def __init__(
+        self,
+        fetcher: Callable[[FetchRequest], Awaitable[Fetched]] | None = None,
+        api: MemoryApiServer | None = None,
+        **kw: Any,
+    ) -> None:
+        self.api = api or MemoryApiServer()
         self.registry = MemoryRegistry(token=TOKEN)
         self.queue: WorkQueue[Key] = WorkQueue(base_delay_s=0.01)
         self.clock = Clock()
-        self.reconciler = Reconciler(self.api, fetcher or self.registry, Metrics(), self.queue, clock=self.clock, **kw)
+        self.reconciler = Reconciler(
+            self.api, fetcher or self.registry, Metrics(), self.queue, monotonic=self.clock, **kw
+        )
 
     def add(self, body: dict[str, Any], graph: bytes = MINI) -> Key:
         meta = body["metadata"]
@@ -82,7 +91,7 @@ class World:
 
     async def reconcile(self, key: Key) -> None:
         with contextlib.suppress(RetryLater):
-            await self.reconciler.reconcile(key)
+            await reconcile_through_downloads(self.reconciler, key)
 
     def deliver_rayservice(self, namespace: str, name: str) -> None:
         self.reconciler.rayservice_changed(copy.deepcopy(self.api.rayservices[(namespace, name)]))
@@ -91,9 +100,9 @@ class World:
 # -- 3. one tenant cannot starve the operator -------------------------------------------
 
 
-async def test_one_namespace_cannot_take_every_worker() -> None:
-    """Six downloads of one namespace hang; with four workers and two downloads per namespace,
-    another namespace's ServeGraph is still applied meanwhile."""
+async def test_one_namespace_cannot_take_every_download() -> None:
+    """Six downloads of one namespace hang; two run (its share), and another namespace's
+    ServeGraph is downloaded and applied meanwhile by the same four workers."""
     release = asyncio.Event()
     world: World
 
@@ -105,35 +114,36 @@ async def test_one_namespace_cannot_take_every_worker() -> None:
     world = World(fetcher)
     greedy = [world.add(servegraph("greedy", f"greedy-{i}")) for i in range(6)]
     patient = world.add(servegraph("patient", "mini"))
+    downloads = world.reconciler.downloads
     workers = [asyncio.create_task(run_worker(world.reconciler, world.queue)) for _ in range(4)]
     try:
-        for _ in range(200):
-            if ("patient", "mini") in world.api.rayservices:
-                break
-            await asyncio.sleep(0.01)
-        assert ("patient", "mini") in world.api.rayservices, "the other namespace waited for the greedy one"
-        assert world.reconciler.slots.busy("greedy") == 2
+        await eventually(applied(world, patient), within=10, interval=0.01, what="the patient namespace applied")
+        assert (downloads.running("greedy"), downloads.waiting()) == (2, 4)
         assert sum(key in world.api.rayservices for key in greedy) == 0
-        # Parked with nothing to apply: no interim "not downloaded yet" status, no Event.
+        # Waiting with nothing to apply: no interim "not downloaded yet" status, no Event.
         assert [k for k in greedy if "status" in world.api.servegraphs[k]] == []
         assert world.api.calls.count("patch_servegraph_status") == 1, "the patient one's only"
         release.set()
-        for _ in range(300):
-            if all(key in world.api.rayservices for key in greedy):
-                break
-            await asyncio.sleep(0.01)
-        assert all(key in world.api.rayservices for key in greedy), "parked downloads were not resumed"
+        await eventually(applied(world, *greedy), within=10, interval=0.01, what="the greedy ones applied")
         assert world.api.calls.count("patch_servegraph_status") == 1 + len(greedy), "one status each: the applied one"
     finally:
         for task in workers:
             task.cancel()
-    assert patient in world.api.rayservices
+    assert len(downloads) == 0
 
 
-async def test_a_burst_in_one_namespace_is_downloaded_two_at_a_time_without_a_pass_over_the_parked_per_slot() -> None:
-    """Sixty ServeGraphs created at once in one namespace: each freed slot wakes one parked, so
-    each is reconciled a few times, not once per download finished before its own (quadratic:
-    waking every parked one per freed slot took ~50,000 reconciles for 1,000)."""
+def applied(world: World, *keys: Key) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return all(key in world.api.rayservices for key in keys)
+
+    return check
+
+
+async def test_a_burst_in_one_namespace_is_downloaded_two_at_a_time_and_reconciled_twice_each() -> None:
+    """Sixty ServeGraphs created at once in one namespace: two download at a time, and each
+    is reconciled about twice (asking, then recording), never once per download finished
+    before its own (quadratic: waking every waiting one per freed place took ~50,000
+    reconciles for 1,000)."""
     gate = asyncio.Semaphore(0)
     world: World
 
@@ -151,29 +161,28 @@ async def test_a_burst_in_one_namespace_is_downloaded_two_at_a_time_without_a_pa
 
     world.reconciler.reconcile = counted  # type: ignore[method-assign]
     burst = [world.add(servegraph(NS, f"sg-{i:02d}")) for i in range(60)]
+    downloads = world.reconciler.downloads
     workers = [asyncio.create_task(run_worker(world.reconciler, world.queue)) for _ in range(4)]
     try:
-        for _ in range(200):
-            if world.reconciler.slots.parked(NS) == 58:
-                break
-            await asyncio.sleep(0.01)
-        assert world.reconciler.slots.busy(NS) == 2 and world.reconciler.slots.parked(NS) == 58
-        for _ in range(60):  # one download at a time ends, each while the rest are parked
+
+        async def asked() -> bool:
+            return (downloads.running(NS), downloads.waiting()) == (2, 58)
+
+        await eventually(asked, within=10, interval=0.01, what="every download asked for, two running")
+        for done in range(1, 61):  # one download at a time ends, each while the rest wait
             gate.release()
-            await asyncio.sleep(0.005)
-        for _ in range(500):
-            if all(key in world.api.rayservices for key in burst):
-                break
-            await asyncio.sleep(0.01)
-        assert all(key in world.api.rayservices for key in burst), "parked downloads were not resumed"
+
+            async def recorded(done: int = done) -> bool:
+                return sum(key in world.api.rayservices for key in burst) == done
+
+            await eventually(recorded, within=10, interval=0.005, what=f"{done} applied")
     finally:
         for task in workers:
             task.cancel()
-    # Each: its creation and its wake (118 in all when written); waking every parked one per
-    # freed slot made it 1,771.
+    # Each: its creation and its download's end (120 in all).
     assert len(runs) <= 3 * len(burst), f"{len(runs)} reconciles for {len(burst)} ServeGraphs"
     assert world.api.calls.count("patch_servegraph_status") == len(burst)
-    assert len(world.reconciler.slots) == 0
+    assert len(downloads) == 0
 
 
 async def test_the_administrators_limits_cap_what_a_servegraph_asks() -> None:
@@ -235,7 +244,7 @@ async def test_a_rayservice_made_by_hand_is_not_taken_over() -> None:
     world.api.rayservices[(NS, "mini")] = copy.deepcopy(hand_made)
     key = world.add(servegraph(NS, "mini"))
     with pytest.raises(RetryLater):
-        await world.reconciler.reconcile(key)
+        await reconcile_through_downloads(world.reconciler, key)
     assert "apply_rayservice" not in world.api.calls
     assert not {"create_configmap", "patch_configmap"} & set(world.api.calls), (
         "no rollout (and no kept graph) for someone else's RayService"
@@ -266,7 +275,7 @@ async def test_two_servegraphs_naming_one_rayservice_never_flip_it() -> None:
     fresh = Reconciler(world.api, world.registry, Metrics(), WorkQueue())
     fresh.servegraph_changed(copy.deepcopy(world.api.servegraphs[second]))
     with pytest.raises(RetryLater):
-        await fresh.reconcile(second)
+        await reconcile_through_downloads(fresh, second)
     assert world.api.calls.count("apply_rayservice") == 1
     assert f"controlled by ServeGraph {NS}/a" in world.condition(second, "Ready")["message"]
 
@@ -294,19 +303,20 @@ async def test_an_unexpected_failure_is_a_condition_and_a_retry(failure: Excepti
             raise failure
         return await world.registry(request)
 
-    world = World(fetcher)
-    key = world.add(servegraph(NS, "mini"))
+    api = MemoryApiServer()
     if where == "secret":
-        real = world.api.read_secret_data
+        real = api.read_secret_data
 
         async def read_secret_data(namespace: str, name: str) -> dict[str, str]:
             if failing:
                 raise failure
             return await real(namespace, name)
 
-        world.reconciler.secrets._read = read_secret_data
+        api.read_secret_data = read_secret_data  # type: ignore[method-assign]
+    world = World(fetcher, api)
+    key = world.add(servegraph(NS, "mini"))
     with pytest.raises(RetryLater):
-        await world.reconciler.reconcile(key)
+        await reconcile_through_downloads(world.reconciler, key)
     fetched = world.condition(key, "Fetched")
     assert fetched["status"] == "False" and fetched["reason"] == "InternalError"
     assert type(failure).__name__ in fetched["message"]
@@ -324,20 +334,32 @@ async def test_an_unexpected_failure_is_a_condition_and_a_retry(failure: Excepti
 
 @pytest.mark.parametrize("then", ["deleted", "replaced"])
 async def test_a_servegraph_gone_while_its_graph_downloads_gets_nothing_written(then: str) -> None:
+    """The download of a ServeGraph deleted (or deleted and made again) meanwhile is dropped:
+    nothing of it is recorded, nothing written for the old object."""
     world: World
+    tricked = False
 
     async def fetcher(request: FetchRequest) -> Fetched:
-        body = world.api.servegraphs.pop((NS, "mini"))
-        world.reconciler.servegraph_changed(copy.deepcopy(body), deleted=True)  # the watch, meanwhile
-        if then == "replaced":
-            world.add(servegraph(NS, "mini", uid="uid-new"))
+        nonlocal tricked
+        if not tricked:
+            tricked = True
+            body = world.api.servegraphs.pop((NS, "mini"))
+            world.reconciler.servegraph_changed(copy.deepcopy(body), deleted=True)  # the watch, meanwhile
+            if then == "replaced":
+                world.add(servegraph(NS, "mini", uid="uid-new"))
         return await world.registry(request)
 
     world = World(fetcher)
     key = world.add(servegraph(NS, "mini"))
-    await world.reconcile(key)
-    assert world.api.writes() == [], world.api.calls
+    await world.reconciler.reconcile(key)  # asks for the download
+    await world.reconciler.downloads.ended(key)
+    assert tricked and world.api.writes() == [], world.api.calls
     assert world.api.rayservices == {}
+    assert world.reconciler.downloads.take(key, world.reconciler.cache.memory(key).fetch.source, None) is None
+    if then == "replaced":  # the new object downloads its own graph, from scratch
+        assert world.reconciler.cache.memory(key).good is None
+        await world.reconcile(key)
+        assert world.api.rayservices[key]["metadata"]["ownerReferences"][0]["uid"] == "uid-new"
 
 
 # -- 9. a condition's generation is the one it was computed for --------------------------------
@@ -386,8 +408,15 @@ async def test_nothing_grows_as_objects_come_and_go() -> None:
         rs = world.api.rayservices.pop(key)
         world.reconciler.rayservice_changed(rs, deleted=True)
         world.reconciler.servegraph_changed(world.api.servegraphs.pop(key), deleted=True)
-    assert world.reconciler.cache.sizes() == {"servegraphs": 0, "memory": 0, "rayservices": 0, "claims": 0, "urls": 0}
-    assert len(world.reconciler.slots) == 0
+    assert world.reconciler.cache.sizes() == {
+        "servegraphs": 0,
+        "memory": 0,
+        "rayservices": 0,
+        "claims": 0,
+        "urls": 0,
+        "stamps": 0,
+    }
+    assert len(world.reconciler.downloads) == 0
     assert len(world.reconciler.secrets) == 7  # one token Secret per namespace, kept 10 s
     world.reconciler.secrets.ttl_s = 0.0
     await world.reconciler.secrets.get("ns-0", "registry-token")

@@ -11,8 +11,8 @@ import pytest
 from reconcile_support import KEY, NAME, NS, Cluster
 
 from servegraph.kube import KubeError
-from servegraph.operator.apply.drift import Live
 from servegraph.operator.cache import WatchCache
+from servegraph.operator.kuberay import Live
 from servegraph.operator.reconcile import RetryLater
 
 HAND_MADE: dict[str, Any] = {
@@ -115,8 +115,8 @@ async def test_the_watch_delivering_back_what_a_reconcile_wrote_queues_no_reconc
     c.watch_rayservice()  # our apply's answer, delivered back
     assert await drain(c) == [], "both versions were held already: nothing to reconcile"
     assert c.reconciler.cache.body(KEY) == {k: v for k, v in c.body.items()}, "the body held is that version"
-    # A re-list (kopf lists again each time its watch ends) delivers both again: reconciled, as
-    # every re-list was before, the pass that also repairs what a watch gap may have hidden.
+    # A re-list (kopf lists again after a watch gap, 410 Gone) delivers both again: reconciled,
+    # as every re-list was before (test_relist.py: what it no longer returns is repaired too).
     c.watch_servegraph()
     c.watch_rayservice()
     assert await drain(c) == [KEY]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,7 +135,8 @@ def test_overrides_and_owner_reference_are_rendered() -> None:
     worker = m["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["nodeSelector"] == {"pool": "ray"}
     assert worker["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert worker["containers"][0]["env"] == [{"name": "A", "value": "1"}]
+    assert worker["containers"][0]["env"] == [{"name": "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE", "value": "4194304"},
+                                              {"name": "A", "value": "1"}]  # fmt: skip
     cluster = m["spec"]["rayClusterConfig"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         annotations = dict(group["template"]["metadata"]["annotations"])
@@ -211,7 +213,20 @@ def test_custom_resources_reach_ray_start_as_one_shell_word() -> None:
     (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     value = group["rayStartParams"]["resources"]
     words = shlex.split(f"ray start --resources={value} --block")
-    assert words[2] == '--resources={"fast disk": 2.0}'
+    assert words[2] == '--resources={"fast disk": 2}'
+
+
+def test_custom_resources_are_read_by_rays_autoscaler() -> None:
+    """Ray's autoscaler reads the same parameter (a quoted JSON of integers) and crashes on
+    anything else: a fractional need is rounded up to a whole amount, written as one."""
+    from ray.autoscaler._private.kuberay.autoscaling_config import _get_custom_resources  # Ray's own parser
+
+    app = graph_pb2.Application(name="a", route_prefix="/a", ingress="m")
+    app.nodes["m"].CopyFrom(deployment("servegraph.examples:Tokenizer"))
+    app.nodes["m"].resources.custom["fast-disk"] = 0.5
+    rs = render_rayservice(to_model(graph(app)), RayServiceOptions(name="g"))
+    (group,) = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert _get_custom_resources({}, group["rayStartParams"], group["groupName"]) == {"fast-disk": 1}
 
 
 # -- placement per worker group (issue 22, item 4) -------------------------------------------
@@ -397,8 +412,27 @@ def test_no_autoscaler_is_rendered_without_autoscaling_and_an_incremental_upgrad
     assert manifest["spec"]["rayClusterConfig"]["autoscalerOptions"]["idleTimeoutSeconds"] == 30
 
 
+def test_an_incremental_upgrade_starts_every_worker_group_from_zero() -> None:
+    """KubeRay starts the new cluster of an incremental upgrade at minReplicas and lets Serve's
+    target_capacity grow it: at the full count both clusters would hold every worker throughout."""
+    fixed = render_rayservice(to_model(graph()), RayServiceOptions(name="x"))
+    incremental = UpgradeStrategy(INCREMENTAL, gateway_class_name="g", step_size_percent=10, interval_seconds=5)
+    manifest = render_rayservice(to_model(graph()), RayServiceOptions(name="x", upgrade_strategy=incremental))
+    before = fixed["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    after = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert [g["minReplicas"] for g in before] == [g["replicas"] for g in before] != [0] * len(before)
+    assert [g["minReplicas"] for g in after] == [0] * len(after)
+    assert [(g["replicas"], g["maxReplicas"]) for g in after] == [(g["replicas"], g["maxReplicas"]) for g in before]
+    full = copy.deepcopy(manifest["spec"]["rayClusterConfig"])
+    for group in full["workerGroupSpecs"]:
+        group["minReplicas"] = group["replicas"]
+    assert list(cluster_differences(full, manifest["spec"]["rayClusterConfig"])) == [], (
+        "no new cluster for it: KubeRay's cluster hash leaves the replica counts out"
+    )
+
+
 def test_the_rendered_autoscaler_options_pass_kuberays_schema(kuberay_crds: Path) -> None:
-    """Every field is one KubeRay v1.6.2 declares (the API server would prune a misspelt one)."""
+    """Every field is one KubeRay declares, in each supported release (the API server would prune a misspelt one)."""
     from test_samples import _closed
 
     crd = yaml.safe_load((kuberay_crds / "ray.io_rayservices.yaml").read_text())

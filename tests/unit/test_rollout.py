@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from servegraph.operator.rollout.canary import Gate
 from servegraph.operator.rollout.decide import (
     FAILED,
     PROGRESSING,
@@ -16,12 +17,12 @@ from servegraph.operator.rollout.decide import (
     Candidate,
     Decision,
     Health,
-    RolloutSpec,
     decide,
     parse_rfc3339,
     rfc3339,
 )
 from servegraph.operator.rollout.step import with_upgrade
+from servegraph.operator.spec import CanarySpec, RolloutSpec
 
 T0 = 1_800_000_000.0
 SPEC = RolloutSpec(progress_deadline_s=300)
@@ -266,3 +267,38 @@ def test_a_status_time_reads_back_to_the_second_and_a_time_without_zone_is_refus
         parse_rfc3339("2026-11-26T11:41:12")  # local time: which zone?
     with pytest.raises(ValueError):
         parse_rfc3339("yesterday Z")
+
+
+# -- a canary gates its rollout (rollout/canary.py's Gate) --------------------------------------
+
+
+def test_a_rollout_held_open_by_its_canary_neither_completes_nor_misses_its_deadline() -> None:
+    status = apply(serving(), step(serving(), V2, None, T0 + 100))
+    held = Gate(hold=True)
+    for at in (T0 + 110, T0 + 110 + STABLE_S, T0 + 100 + 10_000):  # RUNNING throughout, far past the deadline
+        d = decide(SPEC, V2, status, [V1.digest, V2.digest], RUNNING, at, held)
+        status = apply(status, d)
+        assert d.outcome is None and d.rollout is not None and d.rollout["phase"] == "Progressing"
+    ended = T0 + 10_110  # the canary promoted: the deadline counts from its end
+    status = apply(status, decide(SPEC, V2, status, [V1.digest, V2.digest], RUNNING, ended))
+    done = decide(SPEC, V2, status, [V1.digest, V2.digest], RUNNING, ended + STABLE_S)
+    assert done.outcome == "Serving", "once the canary no longer holds it, the rollout completes"
+
+
+def test_an_aborted_canary_rolls_its_version_back_at_once_naming_why() -> None:
+    status = apply(serving(), step(serving(), V2, None, T0 + 100))
+    aborted = Gate(fail=("CanaryAborted", 'error rate 10 % over the 1 % allowed; most at node "scorer"'))
+    d = decide(SPEC, V2, status, [V1.digest, V2.digest], RUNNING, T0 + 110, aborted)
+    assert d.outcome == "RolledBack" and d.target == V1.digest
+    assert outcomes(d)[:2] == [("1", "Progressing"), ("2", "RolledBack")]
+    assert 'node "scorer"' in d.history[1]["message"]
+
+
+def test_a_publish_during_a_canary_waits_when_it_queues() -> None:
+    status = apply(serving(), step(serving(), V2, None, T0 + 100))
+    status["rollout"]["canary"] = {"phase": "Weighted", "step": 1}
+    queued = RolloutSpec(progress_deadline_s=300, canary=CanarySpec(queue_publishes=True))
+    d = decide(queued, V3, status, [V1.digest, V2.digest], RUNNING, T0 + 120)
+    assert d.target == V2.digest, "the running canary was replaced though publishes queue"
+    restarted = decide(RolloutSpec(progress_deadline_s=300, canary=CanarySpec()), V3, status, [], RUNNING, T0 + 120)
+    assert restarted.target == V3.digest and outcomes(restarted)[1] == ("2", "Superseded")

@@ -27,7 +27,7 @@ def mini() -> graph_pb2.Graph:
 def test_diff_of_a_user_config_change_is_serve_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old, new = mini(), mini()
     new.applications[0].nodes["sentiment"].user_config["threshold"] = 0.9
-    assert main(["diff", str(write(tmp_path, "a", old)), str(write(tmp_path, "b", new)), "-o", "json"]) == 0
+    assert main(["diff", str(write(tmp_path, "a", old)), str(write(tmp_path, "b", new)), "-o", "json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["kind"] == "ServeConfigInPlace"
     assert out["extraAtPeak"]["pods"] == 0
@@ -41,7 +41,7 @@ def test_diff_of_a_new_hardware_class_says_new_cluster_and_its_cost(
 ) -> None:
     old, new = mini(), mini()
     new.applications[0].nodes["tokenizer"].resources.custom["fast-disk"] = 1
-    assert main(["diff", str(write(tmp_path, "a", old)), str(write(tmp_path, "b", new))]) == 0
+    assert main(["diff", str(write(tmp_path, "a", old)), str(write(tmp_path, "b", new))]) == 1
     out = capsys.readouterr().out
     assert out.startswith("upgrade: NewCluster — starts a new Ray cluster")
     assert "extra at the peak: 2 pods" in out and "worker group cpu changed" in out

@@ -16,6 +16,7 @@ from servegraph.runtime import BuildError, build
 from servegraph.runtime.builder import MAX_CHOICE_DEPTH
 from servegraph.runtime.choice import SwitchChoice
 from servegraph.runtime.routers import Child, GraphContext, SequenceRouter, SwitchRouter
+from servegraph.runtime.serve_internals import bound
 
 USER_CODE = """
 from ray import serve
@@ -65,19 +66,19 @@ def test_binds_literals_and_other_nodes_and_names_deployments_after_nodes() -> N
             ],
         }
     )
-    top = app._bound_deployment  # Serve's own view of the bound graph
+    top = bound(app)  # Serve's own view of the bound graph
     assert top.name == "top"
     assert top.init_args == (2,)
     peer = top.init_kwargs["peer"]
     assert isinstance(peer, Application)  # Serve swaps it for leaf's DeploymentHandle
-    assert peer._bound_deployment.name == "leaf"
-    assert peer._bound_deployment.init_args == (1,)
+    assert bound(peer).name == "leaf"
+    assert bound(peer).init_args == (1,)
 
 
 def test_an_existing_deployment_keeps_its_options_under_the_node_name() -> None:
     app = build({"ingress": "r", "nodes": [dep("r", "sg_user:Ready")]})
-    assert app._bound_deployment.name == "r"
-    assert app._bound_deployment.num_replicas == 2
+    assert bound(app).name == "r"
+    assert bound(app).num_replicas == 2
 
 
 def test_routers_get_children_with_their_kind() -> None:
@@ -91,12 +92,12 @@ def test_routers_get_children_with_their_kind() -> None:
             ],
         }
     )
-    seq = app._bound_deployment
+    seq = bound(app)
     assert seq.func_or_class is SequenceRouter
     node_id, (first, second) = seq.init_args
     assert node_id == "seq"
     assert (first.id, first.router, second.id, second.router) == ("f", False, "sw", True)
-    switch = second.handle._bound_deployment
+    switch = bound(second.handle)
     assert switch.func_or_class is SwitchRouter
     assert switch.init_kwargs == {"field": "k", "header": None, "context": GraphContext()}
     _, cases, default = switch.init_args
@@ -113,7 +114,7 @@ def test_routers_get_children_with_their_kind() -> None:
 def test_serve_accepts_build_as_an_application_builder() -> None:
     # Serve insists on a plain function of one parameter and calls it with the args dict.
     app = call_user_app_builder_with_args_if_necessary(build, {"ingress": "f", "nodes": [dep("f", "sg_user:handler")]})
-    assert app._bound_deployment.name == "f"
+    assert bound(app).name == "f"
 
 
 @pytest.mark.parametrize(
@@ -219,7 +220,7 @@ def test_a_long_chain_of_switches_builds_every_deployment_once() -> None:
 
 def test_a_router_decides_a_bounded_chain_of_switches_itself() -> None:
     app = build(_chain("switch", 20))
-    _, _, default = app._bound_deployment.init_args
+    _, _, default = bound(app).init_args
     links = 0
     while default.choice is not None:
         links += 1

@@ -5,12 +5,11 @@ serving tests run graphs whose switches sit below sequences."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
-from test_runtime_streams import Flaky, Gen, Handle, body_of, collect, request
+from test_runtime_streams import Flaky, Gen, Handle, body_of, closed, collect, request
 
 from servegraph.dag.model import Call
 from servegraph.runtime.calls import Child, NodeTimeout
@@ -90,11 +89,12 @@ async def test_a_unary_call_through_a_switch_and_a_splitter_reaches_the_grandchi
 
 async def test_the_edge_into_the_switch_still_bounds_the_first_item() -> None:
     slow = Gen(first_delay=1.0)
-    seq = SequenceRouter("seq", [switch({}, gen_child("gen", slow), True, Call(timeout_s=0.1))], streams=True)
+    grandchild = gen_child("gen", slow)
+    seq = SequenceRouter("seq", [switch({}, grandchild, True, Call(timeout_s=0.1))], streams=True)
     response = await seq(request())
     assert response.status_code == 504
     assert json.loads(response.body) == {"error": 'node "sw" timed out after 0.1 s', "node": "sw", "timed_out": True}
-    await asyncio.sleep(0.05)
+    await closed(grandchild)
     assert slow.closed == 1  # the grandchild's generator was closed with the cut edge
 
 
@@ -114,8 +114,7 @@ async def test_a_client_that_leaves_closes_the_grandchild_through_the_choice() -
     body = (await seq(request())).body_iterator
     assert json.loads(await anext(body)) == {"i": 0, "for": "p"}
     await body.aclose()
-    await asyncio.sleep(0.05)
-    assert grandchild.handle.root.cancelled == 1
+    await closed(grandchild)
     assert gen.closed == 1 and gen.produced < 5
 
 
@@ -123,7 +122,7 @@ async def test_a_failure_below_the_switch_names_the_node_that_failed() -> None:
     broken = Gen(count=3, fail_at=1)
     seq = SequenceRouter("seq", [switch({}, gen_child("gen", broken), True)], streams=True)
     lines = [json.loads(x) for x in await body_of(await seq(request()))]
-    assert lines[-1] == {"error": 'node "gen" failed: ValueError: boom at 1', "node": "gen", "timed_out": False}
+    assert lines[-1] == {"error": 'node "gen" failed: ValueError', "node": "gen", "timed_out": False}
 
 
 async def test_the_last_try_of_a_timed_out_edge_below_the_switch_names_that_edge() -> None:

@@ -16,6 +16,9 @@ PROBE = textwrap.dedent(
     before = set(sys.modules)
     import servegraph.examples
     from servegraph.runtime import build
+    from servegraph.runtime.serve_internals import bound
+    import servegraph.runtime.side  # a canary's side applications (built only inside Serve)
+    import servegraph.runtime.stats
 
     app = build({"graph": {"name": "g", "version": "1"}, "ingress": "r", "nodes": [
         {"id": "t", "deployment": {"import_path": "servegraph.examples:Tokenizer"}},
@@ -31,14 +34,14 @@ PROBE = textwrap.dedent(
         and not any(m == p or m.startswith(p + ".") for p in ours[1:])
         and m != "servegraph"
     )
-    print(app._bound_deployment.name, extra)
+    print(bound(app).name, extra)
     """
 )
 
 
 def test_runtime_needs_nothing_but_ray() -> None:
     """No kopf, Kubernetes client, renderer or generated protobuf code: only Ray and the standard library,
-    routers with call options and telemetry included (OpenTelemetry is imported by a router's replica,
+    routers with call options and telemetry, a canary's side builder and stats included (OpenTelemetry is imported by a router's replica,
     when it starts, never by the builder).
 
     `servegraph.dag` (the model and the args codec) is allowed because it is standard library only:

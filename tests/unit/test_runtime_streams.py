@@ -30,6 +30,8 @@ class Handle:
         self.cancelled = 0
         self.root: Handle = self
         self.closing: asyncio.Future[None] | None = None
+        """The generator's close, started when a stream of it is cancelled."""
+        self.was_cancelled = asyncio.Event()
 
     def options(self, *, method_name: str | None = None, stream: bool = False) -> Handle:
         other = Handle(self.target, method_name or self.method, stream)
@@ -53,6 +55,7 @@ class Handle:
             def cancel(self) -> None:
                 root.cancelled += 1
                 root.closing = asyncio.ensure_future(gen.aclose())
+                root.was_cancelled.set()
 
         return Stream()
 
@@ -84,6 +87,15 @@ class Gen:
                 yield {"i": i, "for": payload}
         finally:
             self.closed += 1
+
+
+async def closed(child: Child) -> None:
+    """Until the generator behind `child`'s handle is closed: its stream was cancelled once,
+    and the close that cancelling started has ended."""
+    root = child.handle.root
+    await asyncio.wait_for(root.was_cancelled.wait(), timeout=5)
+    assert root.cancelled == 1 and root.closing is not None
+    await asyncio.wait_for(root.closing, timeout=5)
 
 
 def child(node_id: str, target: Any, streams: bool, call: Call | None = None, router: bool = False) -> Child:
@@ -152,7 +164,7 @@ async def test_a_failure_mid_stream_ends_it_with_an_error_item_naming_the_node()
     seq = SequenceRouter("seq", [child("gen", Gen(count=3, fail_at=1), True)], streams=True)
     lines = [json.loads(x) for x in await body_of(await seq(request()))]
     assert lines[0] == {"i": 0, "for": "p"}
-    assert lines[1] == {"error": 'node "gen" failed: ValueError: boom at 1', "node": "gen", "timed_out": False}
+    assert lines[1] == {"error": 'node "gen" failed: ValueError', "node": "gen", "timed_out": False}
     assert len(lines) == 2
     sse = await body_of(await seq(request(headers=[(b"accept", b"text/event-stream")])))
     assert sse[-1].startswith("event: error\ndata: ")
@@ -160,7 +172,7 @@ async def test_a_failure_mid_stream_ends_it_with_an_error_item_naming_the_node()
 
 async def test_a_stream_that_fails_before_its_first_item_fails_the_request() -> None:
     seq = SequenceRouter("seq", [child("gen", Gen(count=3, fail_at=0), True)], streams=True)
-    with pytest.raises(NodeFailed, match='node "gen" failed: ValueError: boom at 0'):
+    with pytest.raises(NodeFailed, match='node "gen" failed: ValueError'):
         await seq(request())
 
 
@@ -171,13 +183,14 @@ async def test_the_edge_timeout_bounds_the_first_item_and_each_gap() -> None:
     assert json.loads(response.body) == {"error": 'node "gen" timed out after 0.1 s', "node": "gen", "timed_out": True}
 
     gen = Gen(count=3, pause=1.0)
-    slow_gap = SequenceRouter("seq", [child("gen", gen, True, Call(timeout_s=0.1))], streams=True)
+    gapped = child("gen", gen, True, Call(timeout_s=0.1))
+    slow_gap = SequenceRouter("seq", [gapped], streams=True)
     lines = [json.loads(x) for x in await body_of(await slow_gap(request()))]
     assert lines == [
         {"i": 0, "for": "p"},
         {"error": 'node "gen" timed out after 0.1 s', "node": "gen", "timed_out": True},
     ]
-    await asyncio.sleep(0)
+    await closed(gapped)
     assert gen.closed == 1  # the generator cut by the timeout was closed, not left running
 
 
@@ -212,8 +225,7 @@ async def test_a_consumer_that_stops_early_cancels_the_upstream_generator() -> N
     body = (await seq(request())).body_iterator
     assert json.loads(await anext(body)) == {"i": 0, "for": "p"}
     await body.aclose()  # the client went away
-    await asyncio.sleep(0.05)
-    assert handle_child.handle.root.cancelled == 1
+    await closed(handle_child)
     assert gen.closed == 1 and gen.produced < 5
 
 
@@ -239,7 +251,7 @@ async def test_a_plain_handle_call_gets_the_whole_stream_as_a_list() -> None:
 
 async def test_graphservice_call_and_stream() -> None:
     seq = SequenceRouter("seq", [child("gen", Gen(count=2), True)], streams=True)
-    req = service_pb2.CallRequest(headers={"X-Model": "b"})
+    req = service_pb2.CallRequest()
     req.payload.string_value = "p"
     reply = await seq.Call(req)
     assert [dict(v.struct_value) for v in reply.result.list_value.values] == [
@@ -254,7 +266,7 @@ async def test_graphservice_call_and_stream() -> None:
 
     failing = SequenceRouter("seq", [child("gen", Gen(count=3, fail_at=1), True)], streams=True)
     replies = [r async for r in failing.Stream(stream_req)]
-    assert replies[-1].error == service_pb2.Error(message='node "gen" failed: ValueError: boom at 1', node="gen")
+    assert replies[-1].error == service_pb2.Error(message='node "gen" failed: ValueError', node="gen")
     assert len(replies) == 2
     call_reply = await failing.Call(req)
     assert call_reply.HasField("error") and not call_reply.HasField("result")

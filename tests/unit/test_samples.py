@@ -43,7 +43,7 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
 def test_packed_sample_matches_its_text(name: str) -> None:
     text = decode((SAMPLES / f"{name}.txtpb").read_bytes(), Format.TEXT)
     assert (SAMPLES / f"{name}.pb").read_bytes() == encode(text), (
-        f"run: servegraph pack config/samples/{name}.txtpb -o config/samples/{name}.pb"
+        f"run: servegraph pack config/samples/{name}.txtpb --output config/samples/{name}.pb"
     )
 
 

@@ -9,8 +9,8 @@ from typing import Any, cast
 
 import pytest
 
-from servegraph.operator.fetch.secrets import SecretKeyRef
 from servegraph.operator.run.app import EventsToken
+from servegraph.operator.secrets import SecretKeyRef
 from servegraph.raydash.dashboard import RayDashboard
 from servegraph.source import FetchRequest
 

@@ -4,12 +4,14 @@ administrator allows the type."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from reconcile_support import KEY, Cluster
 
-from servegraph.operator.apply import serve_service
+from servegraph.operator import serve_service
 from servegraph.operator.spec import SpecError, parse_spec
 
 FIELD = "spec.rayService.serveService"
@@ -123,3 +125,69 @@ async def test_an_allowed_node_port_reaches_the_rayservice() -> None:
     await c.started()
     stored = c.api.rayservices[KEY]["spec"]["serveService"]  # as stored: the schema defaults the protocol
     assert stored == {"spec": {**template["spec"], "ports": [{**template["spec"]["ports"][0], "protocol": "TCP"}]}}
+
+
+# -- issue 45, item 9: annotations, which controllers act on, only under the administrator's prefixes --
+
+EXPOSING = {
+    "tailscale.com/expose": "true",
+    "external-dns.alpha.kubernetes.io/hostname": "graph.example.com",
+    "service.cilium.io/global": "true",
+}
+
+
+def test_annotations_are_refused_unless_the_administrator_allows_their_prefix() -> None:
+    serve = {"metadata": {"annotations": {**EXPOSING, "prometheus.io/scrape": "true"}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(_spec(serve), "team-a", serve_service_annotations=("prometheus.io/",))
+    problems = str(err.value)
+    for key in EXPOSING:
+        assert f"{FIELD}.metadata.annotations[{key!r}]: not allowed (controllers act on annotations; " in problems
+    assert "the prefixes allowed: prometheus.io/, the operator's --allow-serve-service-annotations" in problems
+    assert "prometheus.io/scrape" not in problems
+    allowed = {"metadata": {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"}}}
+    parse_spec(_spec(allowed), "team-a", serve_service_annotations=("prometheus.io/",))
+    with pytest.raises(SpecError, match=r"the prefixes allowed: none"):
+        parse_spec(_spec(allowed), "team-a", serve_service_annotations=())
+    with pytest.raises(SpecError, match=r"metadata\.annotations: must be an object"):
+        parse_spec(_spec({"metadata": {"annotations": ["x"]}}), "team-a", serve_service_annotations=())
+    parse_spec(_spec(serve), "team-a")  # `servegraph diff` and `render` check no annotation (no flags)
+
+
+def test_the_annotations_flag_takes_prefixes_and_nothing_that_allows_everything() -> None:
+    assert serve_service.parse_annotation_prefixes("") == ()
+    assert serve_service.parse_annotation_prefixes(" prometheus.io/, example.com/team-,prometheus.io/") == (
+        "example.com/team-",
+        "prometheus.io/",
+    )
+    for bad in ("*", "/", "-x", "a b"):
+        with pytest.raises(ValueError, match="is no annotation key prefix"):
+            serve_service.parse_annotation_prefixes(bad)
+
+
+async def test_the_operator_refuses_an_exposing_annotation_and_the_running_graph_keeps_its_rayservice() -> None:
+    c = Cluster()
+    await c.started()
+    c.body["spec"]["rayService"] = {"serveService": {"metadata": {"annotations": {"tailscale.com/expose": "true"}}}}
+    c.body["metadata"]["generation"] = 2
+    c.watch_servegraph()
+    await c.reconcile()
+    assert "serveService" not in c.api.rayservices[KEY]["spec"]  # by default no prefix is allowed
+    assert c.condition("Fetched") == ("False", "InvalidSpec")
+    c.reconciler.serve_service_annotations = ("tailscale.com/",)  # the administrator's word
+    c.body["metadata"]["generation"] = 3
+    c.watch_servegraph()
+    await c.reconcile()
+    assert c.api.rayservices[KEY]["spec"]["serveService"]["metadata"]["annotations"] == {"tailscale.com/expose": "true"}
+
+
+def test_servegraph_run_takes_the_annotation_prefixes_and_refuses_a_glob() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "servegraph.cli", "run", "--allow-serve-service-annotations=prometheus.io/,*"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "--allow-serve-service-annotations: '*' is no annotation key prefix" in done.stderr, done.stderr

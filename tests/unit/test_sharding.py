@@ -7,12 +7,12 @@ import copy
 
 import kopf
 import pytest
-from reconcile_support import KEY, Cluster
+from reconcile_support import KEY, Cluster, reconcile_through_downloads
 
 from servegraph.names import GROUP, PLURAL, SHARD_LABEL, VERSION
+from servegraph.operator.metrics import Metrics
 from servegraph.operator.reconcile import Reconciler
 from servegraph.operator.run.kopf_settings import configure
-from servegraph.operator.run.metrics import Metrics
 from servegraph.operator.run.sharding import Shard
 from servegraph.source import Fetched, FetchRequest
 
@@ -86,7 +86,7 @@ async def test_a_servegraph_moved_away_while_its_graph_downloads_gets_nothing_wr
 
     c.reconciler = Reconciler(c.api, fetcher, Metrics(), c.queue, owns=Shard("a").owns)
     c.watch_servegraph()
-    await c.reconciler.reconcile(KEY)
+    await reconcile_through_downloads(c.reconciler, KEY)
     assert registry.requests, "the download ran"
     assert c.api.writes() == [], c.api.calls
     assert c.api.rayservices == {}

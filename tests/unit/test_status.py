@@ -11,9 +11,10 @@ from support import SAMPLES
 
 from servegraph.graph import load_graph
 from servegraph.names import ConditionType
-from servegraph.operator.rollout.blockers import MAX_MESSAGE, MAX_MESSAGES, blocking_problem, mirror_pending
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import Event, GoodGraph, Observed, Outcome, mirror_applications, report
+from servegraph.operator.conditions import Condition
+from servegraph.operator.kuberay import MAX_MESSAGE, MAX_MESSAGES, blocking_problem, mirror_applications, mirror_pending
+from servegraph.operator.status.report import report
+from servegraph.operator.values import Event, GoodGraph, Observed, Outcome
 
 GRAPH = load_graph(SAMPLES / "mini.pb")
 GOOD = GoodGraph.of(GRAPH, "ab" * 32, b"")
@@ -280,6 +281,37 @@ def test_the_upgrade_message_names_both_clusters_and_the_pending_applications() 
         "mini-a serves the previous one until then"
     )
     assert status["upgrade"] == UPGRADE
+
+
+INCREMENTAL = {
+    **UPGRADE,
+    "applications": {"sentiment": "RUNNING"},
+    "incremental": {
+        "active": {"trafficRoutedPercent": 75, "targetCapacity": 100},
+        "pending": {"trafficRoutedPercent": 25, "targetCapacity": 50},
+    },
+}
+
+
+def test_an_incremental_upgrade_says_the_split_and_keeps_it_in_the_status() -> None:
+    status = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", RUNNING, INCREMENTAL), T1).status
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "UpgradeInProgress")
+    assert ready["message"] == (
+        "KubeRay moves the requests in steps: 25 % to Ray cluster mini-b (target capacity 50 %), "
+        "75 % to mini-a (target capacity 100 %) (sentiment: RUNNING)"
+    )
+    assert status["upgrade"] == INCREMENTAL
+
+
+def test_kuberays_rollback_is_its_own_reason() -> None:
+    back = {**INCREMENTAL, "rollingBack": True}
+    status = report(steady(), 1, Observed(Outcome(), GOOD, '"e1"', "mini", RUNNING, back), T1).status
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "RollbackInProgress")
+    assert ready["message"].startswith(
+        "KubeRay moves the requests back (RollbackInProgress): 75 % to Ray cluster mini-a"
+    )
 
 
 def _ready(status: dict[str, Any]) -> str:

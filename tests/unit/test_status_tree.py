@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from builders import deployment, graph
+from google.protobuf import text_format
 from support import SAMPLES
 
 from servegraph.graph import load_graph
@@ -225,6 +226,46 @@ def test_the_rollout_and_the_history_from_the_status() -> None:
     ) in text, text
 
 
+def test_an_incremental_upgrade_shows_each_clusters_share_and_a_rolled_back_cluster_its_version() -> None:
+    upgrade = {
+        "activeRayCluster": "g-a",
+        "pendingRayCluster": "g-b",
+        "applications": {"app": "RUNNING"},
+        "incremental": {
+            "active": {"trafficRoutedPercent": 75, "targetCapacity": 100},
+            "pending": {
+                "trafficRoutedPercent": 25,
+                "targetCapacity": 50,
+                "lastTrafficMigratedTime": "2026-11-23T10:04:50Z",
+            },
+        },
+    }
+    history = [
+        {"version": "1", "digest": "a" * 64, "outcome": "Progressing", "appliedAt": "2026-11-23T10:03:00Z"},
+        {
+            "version": "2",
+            "digest": "b" * 64,
+            "outcome": "RolledBack",
+            "appliedAt": "2026-11-23T10:01:00Z",
+            "rayCluster": {"name": "g-b", "outcome": "RolledBack", "peakTrafficPercent": 25},
+            "message": "ApplicationFailed: app: DEPLOY_FAILED",
+        },
+    ]
+    sg = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"upgrade": upgrade, "history": history}}
+    text = render(Snapshot(sg), NOW)
+    assert (
+        "Upgrade:       Ray cluster g-b (app: RUNNING); incremental, from g-a\n"
+        "  g-b: 25 % of requests, target capacity 50 %, moved 2026-11-23T10:04:50Z\n"
+        "  g-a: 75 % of requests, target capacity 100 %\n"
+    ) in text, text
+    back = render(Snapshot({**sg, "status": {"upgrade": {**upgrade, "rollingBack": True}}}), NOW)
+    assert "Upgrade:       Ray cluster g-b (app: RUNNING); rolling back to g-a\n" in back
+    assert (
+        "'2'      RolledBack   bbbbbbbbbbbb  4m       -      Ray cluster g-b rolled back at 25 %: ApplicationFailed"
+        in text
+    )
+
+
 def pod(name: str, role: str, phase: str, group: str = "", **status: Any) -> dict[str, Any]:
     labels = {"ray.io/cluster": "mini-x7k2p", "ray.io/node-type": role}
     if group:
@@ -404,3 +445,82 @@ def test_the_streaming_sample_marks_every_node_whose_output_streams() -> None:
         "servegraph.examples:TokenGenerator (streams)",  # gen-b again, shown above
         "servegraph.examples:StreamFilter (streams)",
     ], text
+
+
+def test_a_weighted_canary_shows_its_step_and_the_evidence_node_by_node() -> None:
+    sg = {
+        "metadata": {"name": "g", "namespace": "ns"},
+        "status": {
+            "rollout": {
+                "version": "2",
+                "digest": "a" * 64,
+                "phase": "Applied",
+                "startedAt": "2026-11-23T10:03:00Z",
+                "canary": {
+                    "phase": "Weighted",
+                    "step": 2,
+                    "steps": 3,
+                    "weight": 50,
+                    "liveVersion": "1",
+                    "stepStartedAt": "2026-11-23T10:04:00Z",
+                    "message": "holding: 12 requests of the 100 the check needs",
+                    "evidence": {
+                        "at": "2026-11-23T10:04:30Z",
+                        "source": "routers",
+                        "verdict": "hold",
+                        "reason": "too few requests: 12 < 100",
+                        "canary": {"requests": 12, "errors": 1, "errorRate": 0.0833, "p99Ms": 40.0},
+                        "live": {"requests": 1200, "errors": 0, "errorRate": 0.0},
+                        "nodes": [
+                            {
+                                "application": "review",
+                                "node": "panel",
+                                "requests": 12,
+                                "errors": 1,
+                                "errorRate": 0.0833,
+                                "p99Ms": 40.0,
+                                "liveP99Ms": 20.0,
+                            },
+                        ],
+                    },
+                },
+            },
+        },
+    }
+    text = render(Snapshot(sg), NOW)
+    assert "Canary:        Weighted: step 2 of 3: 50 % of requests beside '1' (since 1m)\n" in text, text
+    assert "  last check hold 30s ago (routers): too few requests: 12 < 100\n" in text, text
+    assert "    canary:   12 requests, 1 failed (8.33 %), p99 40 ms\n" in text, text
+    assert "    live:     1,200 requests, 0 failed (0 %)\n" in text, text
+    assert "    node review/panel: 12 requests, 1 failed (8.33 %), p99 40 ms (live p99 20 ms)\n" in text, text
+    assert "  holding: 12 requests of the 100 the check needs\n" in text, text
+
+
+def test_an_ended_canary_says_why_and_no_canary_says_nothing() -> None:
+    aborted = {"phase": "Aborted", "version": "3", "message": "review/panel failed 10 % of 200 requests (limit 1 %)"}
+    sg = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"rollout": {"version": "2", "canary": aborted}}}
+    text = render(Snapshot(sg), NOW)
+    # status.rollout is the version rolled back to; the canary names the version it tried
+    assert "Canary:        Aborted: version '3': review/panel failed 10 % of 200 requests (limit 1 %)\n" in text, text
+    plain = {"metadata": {"name": "g", "namespace": "ns"}, "status": {"rollout": {"version": "2"}}}
+    assert "Canary:" not in render(Snapshot(plain), NOW)
+
+
+def test_a_canarys_side_application_lists_its_copies_not_an_unreadable_graph() -> None:
+    from servegraph.render import canary as layouts
+    from servegraph.render.serve_config import config_yaml, render_serve_config
+
+    text = (SAMPLES / "observed.txtpb").read_text()
+    slower = text.replace('version: "1"', 'version: "2"').replace("number_value: 2 ", "number_value: 3 ")
+    assert slower != text
+    v1 = layouts.ready(render_serve_config(load_graph(SAMPLES / "observed.txtpb")))
+    v2 = layouts.ready(render_serve_config(to_model(text_format.Parse(slower, graph_pb2.Graph()))))
+    config = config_yaml(layouts.layout(v1, None, v2, layouts.Split(weight=10)))
+    sg = {"metadata": {"name": "observed", "namespace": "ns"}, "status": {}}
+    tree = render(Snapshot(sg, rayservice(config)), NOW)
+    assert "cannot read" not in tree, tree
+    lines = tree.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("review~"))
+    assert lines[at + 1] == "  copies of application review's nodes, as a canary's version has them:", tree
+    assert lines[at + 2].split() == ["NODE", "KIND", "STATE", "REPLICAS"], tree
+    assert lines[at + 3].split()[0] == "second-opinion" and "want 1" in lines[at + 3], tree

@@ -14,6 +14,7 @@ from servegraph.dag.args import encode as encode_args
 from servegraph.graph import GraphError
 from servegraph.graph.validate import to_model
 from servegraph.runtime.builder import build
+from servegraph.runtime.serve_internals import bound
 from servegraph.v1 import graph_pb2
 
 GEN = "servegraph.examples:TokenGenerator"
@@ -198,7 +199,7 @@ def test_streaming_travels_in_the_args_and_only_when_set() -> None:
 
 def test_the_builder_tells_each_router_and_child_whether_it_streams() -> None:
     g = to_model(graph(unary_stream_transform()))
-    ingress = build(encode_args(g, g.applications[0]))._bound_deployment
+    ingress = bound(build(encode_args(g, g.applications[0])))
     assert ingress.init_kwargs["streams"] is True
     _, steps = ingress.init_args
     assert [(s.id, s.streams) for s in steps] == [("echo", False), ("gen", True), ("filter", True)]

@@ -1,4 +1,4 @@
-"""The upgrade prediction follows KubeRay v1.6.2's rules, checked on rendered RayServices."""
+"""The upgrade prediction follows KubeRay's rules (v1.6.2 and v1.7.0 alike), checked on rendered RayServices."""
 
 from __future__ import annotations
 

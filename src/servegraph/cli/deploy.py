@@ -13,24 +13,33 @@ import os
 from pathlib import Path
 from typing import Any
 
+from servegraph.cli.common import STDIN, command, read_input
 from servegraph.extras import needs_extra
+from servegraph.graph.decode import DEFAULT_MAX_BYTES
 from servegraph.raydash import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
 
 
 def add_arguments(subparsers: Any) -> None:
     """Register `up` and `down` on the CLI's subparsers (an argparse `_SubParsersAction`)."""
-    up = subparsers.add_parser(
+    up = command(
+        subparsers,
         "up",
         help="deploy a graph onto a Ray cluster through its dashboard",
-        description="Render FILE's Serve config (the operator's serveConfigV2), PUT it to the Ray "
-        "dashboard, wait until every application is RUNNING and print their URLs.",
+        description="Render FILE's Serve config (the operator's serveConfigV2), check that the cluster has room "
+        "for it, PUT it to the Ray dashboard, wait until every application is RUNNING and print their URLs.",
+        examples=[
+            "servegraph up config/samples/mini.txtpb --start-local",
+            "servegraph up graph.pb --address http://ray-head:8265 --timeout 600",
+        ],
     )
-    up.add_argument("file", type=Path, help="graph file (.txtpb, .pb, .json)")
-    _connection_arguments(up)
+    up.add_argument(
+        "file", type=Path, help="graph file (.txtpb, .pb, .json; by content for another name), or - for stdin"
+    )
+    connection_arguments(up)
     up.add_argument(
         "--start-local",
         action="store_true",
-        help="start a local Ray head (with token auth) if no dashboard answers at --address",
+        help="start a local Ray head (with token auth, sized for the graph) if no dashboard answers at --address",
     )
     up.add_argument(
         "--http-port",
@@ -52,20 +61,29 @@ def add_arguments(subparsers: Any) -> None:
     )
     up.set_defaults(func=run_up)
 
-    down = subparsers.add_parser(
+    down = command(
+        subparsers,
         "down",
         help="remove the Serve applications from a Ray cluster",
         description="DELETE the cluster's Serve applications (Ray shuts Serve down; the Ray cluster keeps running).",
+        examples=["servegraph down", "servegraph down --address http://ray-head:8265"],
     )
-    _connection_arguments(down)
+    connection_arguments(down)
     down.set_defaults(func=run_down)
 
 
-def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+def dashboard_address() -> str:
+    """Where the Ray dashboard is when no --address says: $RAY_DASHBOARD_ADDRESS, else the local one."""
+    return os.environ.get("RAY_DASHBOARD_ADDRESS", DEFAULT_ADDRESS)
+
+
+def connection_arguments(parser: argparse.ArgumentParser, *, given_only: bool = False) -> None:
+    """--address and --token; `given_only`: --address stays None unless given (a command whose
+    other form is a ServeGraph's tells the two apart by it)."""
     parser.add_argument(
         "--address",
-        default=os.environ.get("RAY_DASHBOARD_ADDRESS", DEFAULT_ADDRESS),
-        help="Ray dashboard URL (default $RAY_DASHBOARD_ADDRESS or %(default)s)",
+        default=None if given_only else dashboard_address(),
+        help="Ray dashboard URL (default $RAY_DASHBOARD_ADDRESS or " + DEFAULT_ADDRESS + ")",
     )
     parser.add_argument(
         "--token",
@@ -78,9 +96,13 @@ def _connection_arguments(parser: argparse.ArgumentParser) -> None:
 def run_up(args: argparse.Namespace) -> int:
     with needs_extra("ray"):
         from servegraph.raydash.up import up
+    data = None
+    if str(args.file) == STDIN:
+        data, args.file = read_input(STDIN, limit=DEFAULT_MAX_BYTES), Path("stdin")
     return asyncio.run(
         up(
             args.file,
+            data=data,
             address=args.address,
             token=args.token,
             start_local=args.start_local,

@@ -12,39 +12,54 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from servegraph.cli import kubeconfig
+from servegraph.cli.common import EXIT_DIFFERENT, EXIT_UNREACHABLE, Failure, add_output, command, emit
 from servegraph.extras import needs_extra
 
 
 def add_arguments(subparsers: Any) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "status",
         help="a ServeGraph as a tree: each node's state and replicas, live version and digest, last rollout, conditions",
+        examples=["servegraph status fraud -n team-a", "servegraph status fraud -o json | jq .applications"],
     )
     p.add_argument("name", help="the ServeGraph")
-    p.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's, else default)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+    kubeconfig.add_arguments(p)
     p.add_argument(
         "--no-replicas",
         action="store_true",
         help="do not ask Ray Serve (through the API server's service proxy) for live replica counts",
     )
+    add_output(p, ("text", "json", "yaml"), "text")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     with needs_extra("operator"):
         from servegraph.statustree.gather import GatherError, NotFound, gather
+    kubeconfig.check_files(args.kubeconfig, args.context)
     from servegraph.statustree.tree import render
 
     try:
-        snapshot = asyncio.run(
-            gather(args.name, args.namespace, kubeconfig=args.kubeconfig, live_replicas=not args.no_replicas)
-        )
+        with kubeconfig.errors("status"):
+            snapshot = asyncio.run(
+                gather(
+                    args.name,
+                    args.namespace,
+                    kubeconfig=args.kubeconfig,
+                    context=args.context,
+                    live_replicas=not args.no_replicas,
+                )
+            )
     except NotFound as exc:
-        print(f"servegraph status: {exc}", file=sys.stderr)
-        return 1
+        raise Failure(f"servegraph status: {exc}", EXIT_DIFFERENT) from None
     except GatherError as exc:
-        print(f"servegraph status: {exc}", file=sys.stderr)
-        return 2
-    sys.stdout.write(render(snapshot, datetime.now(UTC)))
+        raise Failure(f"servegraph status: {exc}", EXIT_UNREACHABLE) from None
+    if args.output == "text":
+        sys.stdout.write(render(snapshot, datetime.now(UTC)))
+    else:
+        from servegraph.statustree.document import document
+
+        emit(document(snapshot), args.output)
     return 0

@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servegraph.cli.common import EXIT_INVALID, EXIT_UNREACHABLE, Failure, command
 from servegraph.extras import needs_extra
+from servegraph.graph.limits import MAX_GRAPH_BYTES
 from servegraph.names import LEASE_NAME, OPERATOR_NAMESPACE
 
 MiB = 1024 * 1024
@@ -24,8 +26,17 @@ EXIT_FETCH_FAILED = 3
 
 
 def add_arguments(subparsers: Any) -> None:
-    p = subparsers.add_parser("run", help="run the operator")
+    p = command(
+        subparsers,
+        "run",
+        help="run the operator",
+        examples=[
+            "servegraph run --leader-elect --allowed-source-hosts 'registry.example.com'",
+            "servegraph run --kubeconfig ~/.kube/config -n team-a -n team-b",
+        ],
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
+    p.add_argument("--context", help="the kubeconfig context to use (default: its current-context)")
     p.add_argument(
         "-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable); default: all"
     )
@@ -86,7 +97,13 @@ def add_arguments(subparsers: Any) -> None:
         "--fetches-per-namespace",
         type=int,
         default=2,
-        help="downloads at once from one namespace's ServeGraphs (so one namespace cannot take every worker)",
+        help="downloads at once from one namespace's ServeGraphs; downloads run beside the workers, never in them",
+    )
+    p.add_argument(
+        "--max-downloads",
+        type=int,
+        default=64,
+        help="downloads at once in all (each holds up to --max-graph-bytes), shared by namespace in turn",
     )
     p.add_argument(
         "--parse-workers",
@@ -102,6 +119,34 @@ def add_arguments(subparsers: Any) -> None:
         "NodePort, LoadBalancer (default: none)",
     )
     p.add_argument(
+        "--allow-serve-service-annotations",
+        default="",
+        metavar="PREFIXES",
+        help="comma-separated prefixes of the annotations a ServeGraph's serveService may carry, "
+        "e.g. prometheus.io/ (default: none: controllers act on a Service's annotations)",
+    )
+    p.add_argument(
+        "--allow-gateway-classes",
+        default="",
+        metavar="CLASSES",
+        help="comma-separated GatewayClasses a ServeGraph's clusterUpgradeOptions.gatewayClassName may name "
+        "(KubeRay creates a Gateway of it for the incremental upgrade; default: none)",
+    )
+    p.add_argument(
+        "--allow-gateways",
+        default="",
+        metavar="GATEWAYS",
+        help="comma-separated Gateways a ServeGraph's spec.expose may attach its HTTPRoute to, as namespace/name "
+        "(namespace/*: every Gateway of that namespace; default: none)",
+    )
+    p.add_argument(
+        "--prometheus-url",
+        default=None,
+        metavar="URL",
+        help="Prometheus' HTTP API, where a canary's evidence is read (the routers' per-version metrics); "
+        "default: the routers' own counters, read through each RayService's serve Service",
+    )
+    p.add_argument(
         "--metrics-auth",
         choices=["none", "kubernetes"],
         default="none",
@@ -111,8 +156,14 @@ def add_arguments(subparsers: Any) -> None:
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
-    f = subparsers.add_parser(
-        "fetch", help="download a graph exactly as the operator would; print its version and digest"
+    f = command(
+        subparsers,
+        "fetch",
+        help="download a graph exactly as the operator would; print its version and digest",
+        examples=[
+            "servegraph fetch https://registry.example.com/v1/graphs/fraud --token-file token",
+            "servegraph fetch URL --token-file token --ca-file ca.pem --output fraud.pb",
+        ],
     )
     f.add_argument("url")
     f.add_argument("--token-file", type=Path, required=True, help="file holding the bearer token")
@@ -121,15 +172,16 @@ def add_arguments(subparsers: Any) -> None:
     f.add_argument("--allow-network", action="append", default=[], metavar="CIDR", help="refused-network exception")
     f.add_argument("--deny-network", action="append", default=[], metavar="CIDR", help="network refused too")
     f.add_argument("--kubeconfig", help="also refuse what the operator refuses in this cluster (API server, Services)")
+    f.add_argument("--context", help="the kubeconfig context to use (default: its current-context)")
     f.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole download (spec.source.timeout)")
-    f.add_argument("--max-bytes", type=int, default=16 * MiB, help="size limit (spec.source.maxBytes)")
+    f.add_argument("--max-bytes", type=int, default=16 * MiB, help="size limit (spec.source.maxBytes, default 16 MiB)")
     _limit_arguments(f, "--max-graph-bytes", "--max-fetch-seconds")
     f.add_argument(
         "--allow-insecure-http",
         action="store_true",
         help="allow http:// (what allowInsecureHTTP does under the operator's --allow-insecure-http-sources)",
     )
-    f.add_argument("-o", "--output", type=Path, help="write the downloaded bytes here")
+    f.add_argument("--output", type=Path, metavar="FILE", help="write the downloaded bytes here")
     f.add_argument("-v", "--verbose", action="store_true", help="also print what only an administrator may see")
     f.set_defaults(func=fetch)
 
@@ -138,10 +190,17 @@ def _limit_arguments(p: argparse.ArgumentParser, max_bytes: str, max_seconds: st
     p.add_argument(
         max_bytes,
         type=int,
-        default=4 * MiB,
+        default=MAX_GRAPH_BYTES,
         help="ceiling on any ServeGraph's maxBytes (the operator's memory; larger graphs render RayServices the API server refuses)",
     )
     p.add_argument(max_seconds, type=float, default=60.0, help="ceiling on one download: every hop, retry and backoff")
+    p.add_argument(
+        "--min-source-rate",
+        type=int,
+        default=16 * 1024,
+        metavar="BYTES_PER_S",
+        help="a registry sending its body slower than this on average (after 5 s) is cut (TooSlow); 0: no floor",
+    )
 
 
 def _split(text: str) -> list[str]:
@@ -153,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
         import kopf
 
         import servegraph.operator.run.handlers  # noqa: F401 - registers the handlers
-        from servegraph.operator.apply import serve_service
-        from servegraph.operator.fetch import secrets
+        from servegraph.operator import secrets, serve_service
+        from servegraph.operator.gateways import GatewayPolicy, parse_classes, parse_gateways
         from servegraph.operator.run import kopf_settings
         from servegraph.operator.run.app import Options
         from servegraph.operator.run.sharding import Shard
@@ -167,6 +226,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"servegraph run: {exc}") from None
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.context:  # said at once in one line, not by kopf's login retrying
+        from servegraph.cli import kubeconfig
+        from servegraph.operator.run import login
+
+        kubeconfig.check_files(args.kubeconfig, args.context)
+        try:
+            asyncio.run(login.at_context(args.kubeconfig, args.context))
+        except kopf.LoginError as exc:
+            raise Failure(f"servegraph run: {exc}", EXIT_UNREACHABLE) from None
     host, _, port = args.health_address.rpartition(":")
     events_host, _, events_port = args.events_address.rpartition(":")
     secret = secrets.from_flag(args.events_token_secret, key="token")
@@ -186,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"servegraph run: {exc}") from None
     try:
         serve_service_types = serve_service.parse_types(args.allow_serve_service_types)
+        serve_service_annotations = serve_service.parse_annotation_prefixes(args.allow_serve_service_annotations)
+        gateways = GatewayPolicy(parse_classes(args.allow_gateway_classes), parse_gateways(args.allow_gateways))
     except ValueError as exc:
         raise SystemExit(f"servegraph run: {exc}") from None
     try:
@@ -196,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("servegraph run: --parse-workers must be 1 or more (0: from the CPU limit)")
     options = Options(
         kubeconfig=args.kubeconfig,
+        context=args.context,
         workers=args.workers,
         health_host=host,
         health_port=int(port),
@@ -207,11 +278,18 @@ def run(args: argparse.Namespace) -> int:
         events_port=int(events_port or 0),
         events_token_secret=secret,
         policy=policy,
-        limits=Limits(max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds),
+        limits=Limits(
+            max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds, min_bytes_per_s=args.min_source_rate
+        ),
         fetches_per_namespace=args.fetches_per_namespace,
+        max_downloads=args.max_downloads,
         serve_service_types=serve_service_types,
+        serve_service_annotations=serve_service_annotations,
+        gateways=gateways,
         parse_workers=args.parse_workers,
         metrics_auth=args.metrics_auth == "kubernetes",
+        prometheus_url=args.prometheus_url,
+        namespaces=tuple(args.namespace) or None,
     )
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("servegraph").setLevel(logging.INFO)
@@ -238,8 +316,8 @@ def fetch(args: argparse.Namespace) -> int:
     with needs_extra("operator"):
         from servegraph.source import SourcePolicy
 
-    token = args.token_file.read_text()
-    ca_pem = args.ca_file.read_text() if args.ca_file else None
+    token = _text(args.token_file)
+    ca_pem = _text(args.ca_file) if args.ca_file else None
     try:
         policy = SourcePolicy.build(
             args.allow_host or ["*"],
@@ -252,20 +330,28 @@ def fetch(args: argparse.Namespace) -> int:
     return asyncio.run(_fetch(args, policy, token, ca_pem))
 
 
+def _text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise Failure(f"error: {path}: not UTF-8 text", EXIT_INVALID) from None
+
+
 async def _fetch(args: argparse.Namespace, policy: Any, token: str, ca_pem: str | None) -> int:
     from servegraph.graph import GraphError, parse_graph
     from servegraph.source import FetchError, FetchRequest, Limits, RegistryClient
 
-    if args.kubeconfig:
-        from servegraph.kube import KubeClient, connect
+    if args.kubeconfig or args.context:
+        from servegraph.cli import kubeconfig
+        from servegraph.kube import KubeClient
         from servegraph.operator.run.app import cluster_policy
 
-        kube = KubeClient(await connect(args.kubeconfig))
-        try:
-            policy = await cluster_policy(policy, kube)
-        finally:
-            await kube.api.close()
-    limits = Limits(max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds)
+        args.namespace = "default"  # not used: the cluster's addresses are not per namespace
+        async with kubeconfig.cluster(args, "fetch") as found:
+            policy = await cluster_policy(policy, KubeClient(found.api))
+    limits = Limits(
+        max_bytes=args.max_graph_bytes, deadline_s=args.max_fetch_seconds, min_bytes_per_s=args.min_source_rate
+    )
     timeout_s, max_bytes = limits.clamp(args.timeout, args.max_bytes)
     request = FetchRequest(
         url=args.url,
@@ -274,6 +360,8 @@ async def _fetch(args: argparse.Namespace, policy: Any, token: str, ca_pem: str 
         max_bytes=max_bytes,
         ca_pem=ca_pem,
         allow_insecure_http=args.allow_insecure_http,
+        min_bytes_per_s=limits.min_bytes_per_s,
+        rate_grace_s=limits.rate_grace_s,
     )
     async with RegistryClient(policy) as client:
         try:

@@ -1,8 +1,8 @@
-"""`servegraph diff` (what an upgrade will make KubeRay do), `servegraph rollback` and `servegraph restart`.
+"""`servegraph rollback` and `servegraph restart`: one merge patch on a ServeGraph each.
 
-`diff` of two graph files needs nothing but the core; comparing with a live ServeGraph
-(`sg/NAME`), `rollback` and `restart` talk to the cluster, with the `operator` extra. Only the
-standard library at import time, so the CLI lists both without it.
+They talk to the cluster, with the `operator` extra; only the standard library at import
+time, so the CLI lists both without it. `--dry-run` prints the patch and what it would do
+(`--dry-run=server` also has the API server check it) and changes nothing.
 """
 
 from __future__ import annotations
@@ -11,122 +11,63 @@ import argparse
 import asyncio
 import datetime
 import json
-import sys
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from servegraph.cli import kubeconfig
+from servegraph.cli.common import EXIT_INVALID, EXIT_UNREACHABLE, Failure, command
 from servegraph.extras import needs_extra
-from servegraph.names import GROUP, PLURAL, RESTARTED_AT_ANNOTATION, VERSION
-
-LIVE_PREFIXES = ("sg/", "servegraph/", "servegraphs/")
+from servegraph.names import CANARY_ANNOTATION, GROUP, PLURAL, RESTARTED_AT_ANNOTATION, VERSION
 
 
 def add_arguments(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "diff", help="what changes between two graphs, and whether KubeRay updates in place or starts a new cluster"
+    p = command(
+        subparsers,
+        "rollback",
+        help="run an earlier version of a ServeGraph (pins it in spec.rollout.pin)",
+        examples=[
+            "servegraph rollback fraud -n team-a",
+            "servegraph rollback fraud --to 3 --dry-run",
+            "servegraph rollback fraud --clear",
+        ],
     )
-    p.add_argument("old", help="a graph file, or sg/NAME for a live ServeGraph (its running RayService)")
-    p.add_argument("new", type=Path, help="a graph file")
-    p.add_argument("-n", "--namespace", default="default", help="namespace of sg/NAME")
-    p.add_argument("--name", help="RayService name for two files (default: the new graph's name)")
-    p.add_argument("--image", help="Ray image, for two files")
-    p.add_argument("--kubeconfig")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    p.set_defaults(func=diff)
-
-    p = subparsers.add_parser("rollback", help="run an earlier version of a ServeGraph (pins it in spec.rollout.pin)")
     p.add_argument("name", help="the ServeGraph")
-    p.add_argument("-n", "--namespace", default="default")
-    p.add_argument("--to", metavar="VERSION|DIGEST", help="a version or (a prefix of) a digest in its history")
+    p.add_argument(
+        "--to",
+        metavar="VERSION|DIGEST",
+        help="a version or (a prefix of) a digest in its history (default: the last Ready one before what runs)",
+    )
     p.add_argument("--clear", action="store_true", help="remove the pin: follow the source again")
-    p.add_argument("--kubeconfig")
+    dry_run_argument(p)
+    kubeconfig.add_arguments(p)
     p.set_defaults(func=rollback)
 
-    p = subparsers.add_parser(
-        "restart", help="roll a ServeGraph's Ray cluster without downtime (a new cluster, traffic moved when Ready)"
+    p = command(
+        subparsers,
+        "restart",
+        help="roll a ServeGraph's Ray cluster without downtime (a new cluster, traffic moved when Ready)",
+        examples=["servegraph restart fraud -n team-a", "servegraph restart fraud --dry-run"],
     )
     p.add_argument("name", help="the ServeGraph")
-    p.add_argument("-n", "--namespace", default="default")
-    p.add_argument("--kubeconfig")
+    dry_run_argument(p)
+    kubeconfig.add_arguments(p)
     p.set_defaults(func=restart)
 
 
-# ---- diff ------------------------------------------------------------------------------
+def dry_run_argument(p: Any) -> None:
+    p.add_argument(
+        "--dry-run",
+        nargs="?",
+        const="client",
+        choices=("client", "server"),
+        help="print the patch and what it would do, change nothing; =server: the API server checks it too",
+    )
 
 
-def diff(args: argparse.Namespace) -> int:
-    from servegraph.graph import load_graph
-    from servegraph.render import RayServiceOptions, render_rayservice, render_serve_config
-    from servegraph.render.upgrade import predict
-
-    new_graph = load_graph(args.new)
-    old_config = None  # a live RayService's Serve config is known only as its text
-    if args.old.startswith(LIVE_PREFIXES):
-        old, options = asyncio.run(_live(args))
-    else:
-        old_graph = load_graph(Path(args.old))
-        options = RayServiceOptions(name=args.name or new_graph.name, image=args.image)
-        old = render_rayservice(old_graph, options)
-        old_config = render_serve_config(old_graph)
-    previous = (old or {}).get("spec", {}).get("rayClusterConfig")
-    new = render_rayservice(new_graph, replace(options, previous_cluster=previous))
-    prediction = predict(old, new, old_config=old_config, new_config=render_serve_config(new_graph))
-    if args.output == "json":
-        print(json.dumps(_as_json(prediction), indent=2))
-        return 0
-    print(f"upgrade: {prediction.kind} — {prediction.summary()}")
-    for reason in prediction.reasons:
-        print(f"  - {reason}")
-    if prediction.applications:
-        print("applications:")
-    for app in prediction.applications:
-        print(f"  {app.name}: {app.change}")
-        for detail in app.details:
-            print(f"    - {detail}")
-    return 0
-
-
-def _as_json(prediction: Any) -> dict[str, Any]:
-    peak = prediction.extra_at_peak
-    return {
-        "kind": prediction.kind,
-        "summary": prediction.summary(),
-        "reasons": list(prediction.reasons),
-        "extraAtPeak": {"pods": peak.pods, "cpus": peak.cpus, "memoryBytes": peak.memory_bytes, "gpus": peak.gpus},
-        "applications": [
-            {"name": a.name, "change": a.change, "details": list(a.details)} for a in prediction.applications
-        ],
-    }
-
-
-async def _live(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
-    """The running RayService of sg/NAME and the render options its spec gives."""
-    with needs_extra("operator"):
-        from kubernetes_asyncio import client
-
-        from servegraph.kube.client import connect
-        from servegraph.operator.apply.serve_service import WIDENING
-        from servegraph.operator.spec import owner_reference, parse_spec
-    name = args.old.split("/", 1)[1]
-    api = await connect(args.kubeconfig)
-    try:
-        custom = client.CustomObjectsApi(api)
-        body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, name)
-        if body is None:
-            raise SystemExit(f"servegraph diff: ServeGraph {args.namespace}/{name} not found")
-        # What would render, not what this cluster's operator allows: it enforces that itself.
-        spec = parse_spec(body.get("spec") or {}, args.namespace, serve_service_types=WIDENING)
-        options = spec.rayservice_options(name, args.namespace, owner_reference(body))
-        rs_name = (body.get("status") or {}).get("rayServiceName") or options.name
-        live = await _get(custom, "ray.io", "v1", args.namespace, "rayservices", rs_name)
-    finally:
-        await api.close()
-    return live, options
-
-
-async def _get(custom: Any, group: str, version: str, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+async def get_object(
+    custom: Any, group: str, version: str, namespace: str, plural: str, name: str
+) -> dict[str, Any] | None:
+    """One object as a dict, None when it does not exist; Failure for any other answer."""
     from kubernetes_asyncio.client.rest import ApiException
 
     try:
@@ -141,7 +82,7 @@ async def _get(custom: Any, group: str, version: str, namespace: str, plural: st
     if status == 404:
         return None
     if not 200 <= status <= 299:
-        raise SystemExit(f"servegraph: cannot read {plural} {namespace}/{name}: HTTP {status} {reason}")
+        raise Failure(f"servegraph: cannot read {plural} {namespace}/{name}: HTTP {status} {reason}", EXIT_UNREACHABLE)
     data: dict[str, Any] = json.loads(raw)
     return data
 
@@ -174,26 +115,38 @@ async def _edit(
     it with a LookupError), and send the patch: what `rollback` and `restart` share."""
     with needs_extra("operator"):
         from kubernetes_asyncio import client
-
-        from servegraph.kube.client import connect
-    api = await connect(args.kubeconfig)
-    try:
-        custom = client.CustomObjectsApi(api)
-        body = await _get(custom, GROUP, VERSION, args.namespace, PLURAL, args.name)
+    async with kubeconfig.cluster(args, command) as kube:
+        namespace = kube.namespace
+        custom = client.CustomObjectsApi(kube.api)
+        body = await get_object(custom, GROUP, VERSION, namespace, PLURAL, args.name)
         if body is None:
-            print(f"servegraph {command}: ServeGraph {args.namespace}/{args.name} not found", file=sys.stderr)
-            return 2
+            raise Failure(f"servegraph {command}: ServeGraph {namespace}/{args.name} not found", EXIT_INVALID)
         try:
             patch, message = decide(body)
         except LookupError as exc:
-            print(f"servegraph {command}: {exc}", file=sys.stderr)
-            return 2
+            raise Failure(f"servegraph {command}: {exc}", EXIT_INVALID) from None
+        if args.dry_run == "client":
+            return _dry(namespace, args.name, patch, message, "")
+        extra = {"dry_run": "All"} if args.dry_run == "server" else {}
         await custom.patch_namespaced_custom_object(
-            GROUP, VERSION, args.namespace, PLURAL, args.name, patch, _content_type="application/merge-patch+json"
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            args.name,
+            patch,
+            _content_type="application/merge-patch+json",
+            **extra,
         )
-    finally:
-        await api.close()
-    print(f"ServeGraph {args.namespace}/{args.name} {message}")
+    if args.dry_run:
+        return _dry(namespace, args.name, patch, message, ", the API server accepted it")
+    print(f"ServeGraph {namespace}/{args.name} {message}")
+    return 0
+
+
+def _dry(namespace: str, name: str, patch: dict[str, Any], message: str, checked: str) -> int:
+    print(f"dry run{checked}, nothing changed: ServeGraph {namespace}/{name} would be {message}")
+    print(f"merge patch: {json.dumps(patch, sort_keys=True)}")
     return 0
 
 
@@ -235,16 +188,38 @@ async def _restart(args: argparse.Namespace) -> int:
     def decide(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
         refused = restart_refused(body.get("spec") or {})
         if refused:
-            raise LookupError(f"ServeGraph {args.namespace}/{args.name}: {refused}")
+            meta = body.get("metadata") or {}
+            raise LookupError(f"ServeGraph {meta.get('namespace')}/{args.name}: {refused}")
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         # The uid test makes the patch fail rather than restart a ServeGraph created again meanwhile.
         patch = {"metadata": {"uid": body["metadata"]["uid"], "annotations": {RESTARTED_AT_ANNOTATION: now}}}
         return patch, (
-            f"restarting ({RESTARTED_AT_ANNOTATION}={now}): KubeRay starts a new Ray cluster and moves traffic "
+            f"restarted ({RESTARTED_AT_ANNOTATION}={now}): KubeRay starts a new Ray cluster and moves traffic "
             "to it when it is Ready (`servegraph status` shows the upgrade)"
         )
 
     return await _edit(args, "restart", decide)
+
+
+# ---- promote / abort a ServeGraph's canary -------------------------------------------------
+
+
+def end_canary(args: argparse.Namespace, action: str) -> int:
+    """`servegraph promote|abort NAME`: the operator ends the canary, once per annotation value."""
+    return asyncio.run(_edit(args, action, lambda body: canary_patch(body, action)))
+
+
+def canary_patch(body: dict[str, Any], action: str) -> tuple[dict[str, Any], str]:
+    """The annotation that asks the operator to promote or abort; LookupError when no canary runs."""
+    meta = body.get("metadata") or {}
+    canary = ((body.get("status") or {}).get("rollout") or {}).get("canary") or {}
+    if canary.get("phase") not in ("Deploying", "Mirroring", "Weighted"):
+        what = f"its last canary is {canary['phase']}" if canary.get("phase") else "it has run none"
+        raise LookupError(f"ServeGraph {meta.get('namespace')}/{meta.get('name')}: no canary runs ({what})")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    patch = {"metadata": {"uid": meta["uid"], "annotations": {CANARY_ANNOTATION: f"{action}@{now}"}}}
+    done = "the canary's version serves alone" if action == "promote" else "the canary is removed"
+    return patch, f"asked to {action} ({CANARY_ANNOTATION}={action}@{now}): the operator acts, {done}"
 
 
 def restart_refused(spec: dict[str, Any]) -> str | None:

@@ -10,7 +10,10 @@ format is defined in one place and a round trip gives back the same DAG.
 config says (possibly hand-written, possibly from a newer renderer than the
 runtime in the image), and reports every problem at once, each naming its node.
 One node's entry is in `servegraph.dag.nodeargs`; this module is the
-application's format around it. Standard library only: this runs in the Ray image.
+application's format around it, and a canary's side application's (`encode_side`,
+`decode_side`: one version's copies of the nodes that differ from the base's, with the
+nodes below them); what a router's `user_config` says of a canary is
+`servegraph.dag.routeargs`. Standard library only: this runs in the Ray image.
 """
 
 from __future__ import annotations
@@ -27,20 +30,56 @@ from servegraph.dag.nodeargs import (
     decode_node,
     encode_node,
 )
+from servegraph.dag.routeargs import (
+    CANARY,
+    LIVE,
+    PIN_ALIASES,
+    ROUTE_HEADER,
+    ROUTER_CONFIG_KEY,
+    STATS_HEADER,
+    VERSION_HEADER,
+    Route,
+    Settings,
+    SettingsError,
+    Sticky,
+    decode_settings,
+    encode_settings,
+    graph_identity,
+    identity,
+    without_settings,
+)
 from servegraph.dag.rules import depth_problem, refs
 
 __all__ = [
     "BUILDER",
+    "CANARY",
+    "HOLDER",
+    "LIVE",
     "NODE_KINDS",
+    "PIN_ALIASES",
+    "ROUTER_CONFIG_KEY",
     "ROUTER_KINDS",
+    "ROUTE_HEADER",
+    "STATS_HEADER",
+    "VERSION_HEADER",
     "AppArgs",
     "BuildError",
+    "Route",
+    "Settings",
+    "SettingsError",
+    "SideArgs",
+    "Sticky",
     "decode",
+    "decode_settings",
+    "decode_side",
     "encode",
     "encode_node",
+    "encode_settings",
+    "encode_side",
     "graph_identity",
     "refs",
     "router_user_config",
+    "without_settings",
 ]
 
 BUILDER = "servegraph.runtime:build"
@@ -101,10 +140,6 @@ def encode(graph: Graph, app: Application) -> dict[str, Any]:
     return out
 
 
-ROUTER_CONFIG_KEY = "servegraph"
-"""The key of a router's `user_config` that holds what servegraph tells it."""
-
-
 def router_user_config(graph: Graph) -> dict[str, Any]:
     """A router deployment's `user_config`: the graph identity its metrics and spans carry.
 
@@ -115,10 +150,72 @@ def router_user_config(graph: Graph) -> dict[str, Any]:
     return {ROUTER_CONFIG_KEY: {"graph": {"name": graph.name, "version": graph.version}}}
 
 
-def graph_identity(user_config: Any) -> tuple[str | None, str | None]:
-    """The graph's name and version from a router's `user_config` (None where absent)."""
-    inner = user_config.get(ROUTER_CONFIG_KEY) if isinstance(user_config, Mapping) else None
-    return _graph_identity(inner.get("graph") if isinstance(inner, Mapping) else None)
+HOLDER = "_servegraph_holder"
+"""The deployment a side application's builder adds when its copies have several roots: it
+binds them all (Serve deploys only what its ingress reaches) and answers no traffic. Not a
+valid node id, so it cannot meet one."""
+
+
+@dataclass(frozen=True)
+class SideArgs:
+    """A side application: one version's copies of the nodes that differ from the base's.
+
+    `nodes` are the copies and every node below them, in topological order; the builder
+    binds the `copies` in the side application and reaches each other node in the base
+    application `app` by name. Its `roots` (copies no other copy calls) are what the side
+    application's ingress binds: the root itself when there is one, else `HOLDER`.
+    """
+
+    app: str
+    copies: frozenset[str]
+    nodes: tuple[Node, ...]
+    telemetry: Telemetry = field(default_factory=Telemetry)
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        called = {ref for n in self.nodes if n.id in self.copies for _, ref in refs(n.kind)}
+        return tuple(n.id for n in self.nodes if n.id in self.copies and n.id not in called)
+
+
+def encode_side(app: str, copies: list[str], entries: list[Any], telemetry: Any = None) -> dict[str, Any]:
+    """The `args` of a side application; `entries` are the nodes' args entries as the
+    version's own args wrote them (see SideArgs), `telemetry` its args' telemetry entry."""
+    out: dict[str, Any] = {"side": {"app": app, "copies": sorted(copies)}, "nodes": list(entries)}
+    if telemetry:
+        out["telemetry"] = telemetry
+    return out
+
+
+def decode_side(args: Mapping[str, Any]) -> SideArgs:
+    """A side application's args as SideArgs, or BuildError naming every problem."""
+    p = Problems()
+    p.unknown_keys("args", args, {"side", "nodes", "telemetry"})
+    side = args.get("side")
+    if not isinstance(side, Mapping):
+        raise BuildError(["args.side: must be a mapping of app and copies"])
+    p.unknown_keys("args.side", side, {"app", "copies"})
+    app, copies = side.get("app"), side.get("copies")
+    if not isinstance(app, str) or not app:
+        p.add("args.side.app: must be the base application's name")
+    if not isinstance(copies, list) or not copies or not all(isinstance(c, str) for c in copies):
+        p.add("args.side.copies: must be a non-empty list of node ids")
+        copies = []
+    raw_nodes = args.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        p.add("args.nodes: must be a non-empty list")
+        raw_nodes = []
+    nodes = _decode_nodes(p, raw_nodes)
+    defined = {n.id for n in nodes}
+    for copy in sorted(set(copies) - defined):
+        p.add(f'args.side.copies: node "{copy}" is not among args.nodes')
+    if not p.problems:
+        for node_id in sorted(defined - _reachable(nodes, *copies)):
+            p.add(f'node "{node_id}": below no copy; a side application lists only what its copies call')
+    telemetry = _decode_telemetry(p, args.get("telemetry", {}))
+    if p.problems:
+        raise BuildError(p.problems)
+    assert isinstance(app, str)
+    return SideArgs(app=app, copies=frozenset(copies), nodes=tuple(nodes), telemetry=telemetry)
 
 
 def _encode_telemetry(t: Telemetry) -> dict[str, Any]:
@@ -147,6 +244,28 @@ def decode(args: Mapping[str, Any]) -> AppArgs:
         p.add("args.nodes: must be a non-empty list")
         raw_nodes = []
 
+    nodes = _decode_nodes(p, raw_nodes)
+    defined = {n.id for n in nodes}
+    if isinstance(ingress, str) and ingress and raw_nodes and ingress not in defined:
+        p.add(f'args.ingress: unknown node "{ingress}"')
+    elif isinstance(ingress, str) and ingress in defined and not p.problems:
+        # Serve deploys only what the ingress reaches; a config entry for any
+        # other node would fail later with a less helpful message.
+        for node_id in sorted(defined - _reachable(nodes, ingress)):
+            p.add(f'node "{node_id}": not reachable from the ingress "{ingress}"; Serve would not deploy it')
+        too_deep = depth_problem({n.id: n.edges for n in nodes}, [n.id for n in nodes], ingress)
+        if too_deep is not None:
+            p.add(f'node "{ingress}": {too_deep}')
+    telemetry = _decode_telemetry(p, args.get("telemetry", {}))
+    if p.problems:
+        raise BuildError(p.problems)
+    assert isinstance(ingress, str)
+    name, version = identity(args.get("graph"))
+    return AppArgs(ingress=ingress, nodes=tuple(nodes), graph_name=name, graph_version=version, telemetry=telemetry)
+
+
+def _decode_nodes(p: Problems, raw_nodes: list[Any]) -> list[Node]:
+    """Every node entry, each checked, and each reference to one listed before it."""
     nodes: list[Node] = []
     defined: set[str] = set()
     all_ids = {i for i in map(_id_of, raw_nodes) if isinstance(i, str)}
@@ -169,31 +288,7 @@ def decode(args: Mapping[str, Any]) -> AppArgs:
                 )
         defined.add(node.id)
         nodes.append(node)
-
-    if isinstance(ingress, str) and ingress and raw_nodes and ingress not in defined:
-        p.add(f'args.ingress: unknown node "{ingress}"')
-    elif isinstance(ingress, str) and ingress in defined and not p.problems:
-        # Serve deploys only what the ingress reaches; a config entry for any
-        # other node would fail later with a less helpful message.
-        for node_id in sorted(defined - _reachable(nodes, ingress)):
-            p.add(f'node "{node_id}": not reachable from the ingress "{ingress}"; Serve would not deploy it')
-        too_deep = depth_problem({n.id: n.edges for n in nodes}, [n.id for n in nodes], ingress)
-        if too_deep is not None:
-            p.add(f'node "{ingress}": {too_deep}')
-    telemetry = _decode_telemetry(p, args.get("telemetry", {}))
-    if p.problems:
-        raise BuildError(p.problems)
-    assert isinstance(ingress, str)
-    name, version = _graph_identity(args.get("graph"))
-    return AppArgs(ingress=ingress, nodes=tuple(nodes), graph_name=name, graph_version=version, telemetry=telemetry)
-
-
-def _graph_identity(raw: Any) -> tuple[str | None, str | None]:
-    """The graph's name and version, informational only: a config without them still builds."""
-    if not isinstance(raw, Mapping):
-        return None, None
-    name, version = raw.get("name"), raw.get("version")
-    return (name if isinstance(name, str) else None), (version if isinstance(version, str) else None)
+    return nodes
 
 
 def _decode_telemetry(p: Problems, raw: Any) -> Telemetry:
@@ -222,10 +317,10 @@ def _id_of(raw: Any) -> Any:
     return raw.get("id") if isinstance(raw, Mapping) else None
 
 
-def _reachable(nodes: list[Node], ingress: str) -> set[str]:
+def _reachable(nodes: list[Node], *starts: str) -> set[str]:
     by_id = {n.id: n for n in nodes}
     seen: set[str] = set()
-    todo = [ingress]
+    todo = list(starts)
     while todo:
         node_id = todo.pop()
         if node_id in seen:

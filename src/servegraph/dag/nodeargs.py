@@ -14,7 +14,7 @@ only: this runs in the Ray image.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, assert_never
 
 from servegraph.dag.model import (
     DEFAULT_CALL,
@@ -94,6 +94,8 @@ def encode_node(node: Node) -> dict[str, Any]:
         case SplitterKind():
             routes = [{"node": n, "weight": w, **_call(kind.call(i))} for i, (n, w) in enumerate(kind.routes)]
             return {"id": node.id, "splitter": {"routes": routes}}
+        case _:
+            assert_never(kind)
 
 
 def _call(call: Call) -> dict[str, Any]:

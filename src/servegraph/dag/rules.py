@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import assert_never
 
 from servegraph.dag.model import (
     DEFAULT_CALL,
@@ -23,6 +24,7 @@ from servegraph.dag.model import (
     DeploymentKind,
     EnsembleKind,
     NodeKind,
+    RouterKind,
     SequenceKind,
     SplitterKind,
     SwitchKind,
@@ -63,6 +65,10 @@ def node_problems(node_id: str, kind: NodeKind | None) -> list[Finding]:
             _switch(kind, found)
         case SplitterKind():
             _splitter(kind, found)
+        case None:
+            pass  # the reader reported why it could not build one
+        case _:
+            assert_never(kind)
     if kind is not None and not isinstance(kind, DeploymentKind):
         _edges(kind, found)
     return found
@@ -86,6 +92,8 @@ def refs(kind: NodeKind) -> list[tuple[str, str]]:
             return [*out, ("switch.default", kind.default)]
         case SplitterKind():
             return [(f"splitter.routes[{i}].node", n) for i, (n, _) in enumerate(kind.routes)]
+        case _:
+            assert_never(kind)
 
 
 MAX_DEPTH = 64
@@ -176,7 +184,7 @@ def _splitter(kind: SplitterKind, found: list[Finding]) -> None:
         found.append(("splitter.routes", "a node is listed twice"))
 
 
-def _edges(kind: SequenceKind | EnsembleKind | SwitchKind | SplitterKind, found: list[Finding]) -> None:
+def _edges(kind: RouterKind, found: list[Finding]) -> None:
     """A router's edges: each names a node, and is called with options it can honour.
     Field names are formatted only for a problem: a graph has many edges, few of them wrong."""
     match kind:
@@ -188,6 +196,8 @@ def _edges(kind: SequenceKind | EnsembleKind | SwitchKind | SplitterKind, found:
             targets = [n for _, n in kind.cases] + [kind.default]
         case SplitterKind():
             targets = [n for n, _ in kind.routes]
+        case _:
+            assert_never(kind)
     members = len(kind.members) if isinstance(kind, EnsembleKind) else 0
 
     def field(i: int) -> str:

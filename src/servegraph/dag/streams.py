@@ -23,6 +23,7 @@ The validator reports `problems` for a published graph; the runtime's builder as
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import assert_never
 
 from servegraph.dag.model import DeploymentKind, EnsembleKind, NodeKind, SequenceKind, SplitterKind, SwitchKind
 
@@ -50,6 +51,8 @@ def streaming_outputs(kinds: Mapping[str, NodeKind], order: Iterable[str]) -> fr
                 streams = any(n in out for _, n in kind.cases) or kind.default in out
             case SplitterKind():
                 streams = any(n in out for n, _ in kind.routes)
+            case _:
+                assert_never(kind)
         if streams:
             out.add(node_id)
     return frozenset(out)
@@ -79,6 +82,10 @@ def problems(kinds: Mapping[str, NodeKind], order: Iterable[str], ingress: str) 
                 found.extend(_disagreeing(node_id, "switch", [n for _, n in children], streaming))
             case SplitterKind():
                 found.extend(_disagreeing(node_id, "splitter", [n for n, _ in kind.routes], streaming))
+            case DeploymentKind() | SequenceKind():
+                pass  # a deployment's output and a sequence's are its own to stream or not
+            case _:
+                assert_never(kind)
     ingress_kind = kinds.get(ingress)
     if isinstance(ingress_kind, DeploymentKind) and ingress_kind.streaming:
         found.append(

@@ -170,6 +170,30 @@ class Slow(Echo):
         return await super().__call__(item, headers)
 
 
+class Flaky(Slow):
+    """A Slow echo that fails one request in `every` (per replica, counted): a version that
+    deploys and answers, and fails a share of what it is sent (a canary's analysis must see it)."""
+
+    def __init__(self, every: int | float = 10, delay_s: float = 0.0, tag: str = "flaky") -> None:
+        super().__init__(delay_s, tag)
+        # A graph's numbers arrive as floats (google.protobuf.Value): a whole one is a count.
+        if (
+            isinstance(every, bool)
+            or not isinstance(every, int | float)
+            or every != int(every)
+            or not 1 <= every <= 1e6
+        ):
+            raise ValueError(f"every must be a whole number in [1, 1000000], got {every!r}")
+        self.every = int(every)
+        self.calls = 0
+
+    async def __call__(self, item: Any, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            raise RuntimeError(f"{self.tag}: failing one request in {self.every}")
+        return await super().__call__(item, headers)
+
+
 class Guard:
     """Refuses a prompt containing a blocked word, else passes it on as `{"text": ...}`.
 

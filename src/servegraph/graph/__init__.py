@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from servegraph.dag.model import Graph
-from servegraph.graph.decode import DEFAULT_MAX_BYTES, Format, decode, encode
+from servegraph.graph.decode import DEFAULT_MAX_BYTES, Format, decode, decode_file, encode
 from servegraph.graph.errors import GraphError, Problem
-from servegraph.graph.validate import MAX_NODES, to_model
+from servegraph.graph.limits import MAX_NODES
+from servegraph.graph.validate import to_model
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -16,6 +17,7 @@ __all__ = [
     "GraphError",
     "Problem",
     "decode",
+    "decode_file",
     "encode",
     "load_graph",
     "parse_graph",
@@ -34,8 +36,9 @@ def parse_graph(
 
 
 def load_graph(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Graph:
-    """Read a graph file whose format is given by its extension (.pb, .textproto, .json)."""
+    """Read a graph file in the format its extension names (.pb, .txtpb, .json), else the
+    one its content shows."""
     path = Path(path)
     with path.open("rb") as f:
         data = f.read(max_bytes + 1)
-    return parse_graph(data, Format.from_path(path), max_bytes=max_bytes)
+    return to_model(decode_file(data, path, max_bytes=max_bytes))

@@ -20,6 +20,7 @@ from google.protobuf import struct_pb2
 from servegraph.dag import model
 from servegraph.dag.rules import node_problems
 from servegraph.graph.errors import Problem, where
+from servegraph.graph.limits import MAX_INT32, MAX_MEMORY_BYTES
 from servegraph.v1 import graph_pb2
 
 _RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
@@ -147,6 +148,8 @@ def _kind(msg: graph_pb2.Node, bad: Bad, budget: Budget) -> model.NodeKind | Non
             header=s.header.lower() if on == "header" else None,
             calls=(*calls, call),
         )
+    if which != "splitter":  # graph.proto has a kind this reader does not know (tests/unit/test_node_kinds.py)
+        raise AssertionError(f"node kind {which!r} of graph.proto is not read by graph/nodes.py")
     split = [(_edge(r.node), r.weight) for r in msg.splitter.routes]
     routes = tuple((target, weight) for (target, _), weight in split)
     return model.SplitterKind(routes=routes, calls=tuple(call for (_, call), _ in split))
@@ -198,6 +201,8 @@ def _resources(msg: graph_pb2.Resources, bad: Bad) -> model.Resources:
             "resources.accelerator_type",
             f"{accelerator!r} is meaningless without resources.num_gpus > 0",
         )
+    if msg.memory_bytes > MAX_MEMORY_BYTES:
+        bad("resources.memory_bytes", f"{msg.memory_bytes} is over the limit of {MAX_MEMORY_BYTES} (4Ei)")
     custom = tuple([(k, msg.custom[k]) for k in sorted(msg.custom)]) if msg.custom else ()
     for name, value in custom:
         if name in _RESERVED_RESOURCES or not name:
@@ -225,9 +230,14 @@ def _scaling(msg: graph_pb2.Scaling, bad: Bad) -> tuple[int | None, model.Autosc
         return None, None
     if fixed is not None and fixed < 1:
         bad("scaling.num_replicas", "must be ≥ 1")
+    if fixed is not None and fixed > MAX_INT32:
+        bad("scaling.num_replicas", _over_int32(fixed))
     if not msg.HasField("autoscaling"):
         return fixed, None
     a = msg.autoscaling
+    for field in ("min_replicas", "max_replicas", "initial_replicas"):
+        if getattr(a, field) > MAX_INT32:
+            bad(f"scaling.autoscaling.{field}", _over_int32(getattr(a, field)))
     if a.max_replicas < 1:
         bad("scaling.autoscaling.max_replicas", "must be ≥ 1")
     if a.min_replicas > a.max_replicas:
@@ -251,6 +261,10 @@ def _scaling(msg: graph_pb2.Scaling, bad: Bad) -> tuple[int | None, model.Autosc
         a.upscale_delay_s or None,
         a.downscale_delay_s or None,
     )
+
+
+def _over_int32(count: int) -> str:
+    return f"{count} is over the limit of {MAX_INT32} (KubeRay's replica counts are int32)"
 
 
 def finite_non_negative(x: float) -> bool:

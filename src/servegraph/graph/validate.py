@@ -18,13 +18,13 @@ from servegraph.dag.rules import NODE_ID, depth_problem
 from servegraph.gcpause import gc_paused
 from servegraph.graph import hints as placement
 from servegraph.graph.errors import GraphError, Problem, where
+from servegraph.graph.limits import MAX_NODES
 from servegraph.graph.nodes import MAX_STRING, Budget, finite_non_negative, to_node
 from servegraph.graph.servicers import servicer_functions
 from servegraph.graph.workers import plan_worker_groups
 from servegraph.v1 import graph_pb2
 
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
-MAX_NODES = 10_000
 MAX_ENTRIES = 64
 """Labels of the graph (copied onto the RayService), node selector entries and worker groups."""
 MAX_LIST = 1_000

@@ -19,7 +19,9 @@ import re
 from dataclasses import dataclass, field
 
 from servegraph.dag import model
+from servegraph.dag.text import memory_text
 from servegraph.graph.errors import GraphError, Problem, where
+from servegraph.graph.limits import MAX_INT32, MIN_WORKER_MEMORY_BYTES
 
 GiB = 1024**3
 CPU_DEFAULTS = (4.0, 0, 16 * GiB)
@@ -59,9 +61,10 @@ class PodShape:
     def describe(self) -> str:
         parts = [
             f"{what} {value:g}"
-            for what, value in (("num_cpus", self.cpus), ("num_gpus", self.gpus), ("memory_bytes", self.memory_bytes))
+            for what, value in (("num_cpus", self.cpus), ("num_gpus", self.gpus))
             if value is not None
         ]
+        parts += [] if self.memory_bytes is None else [f"memory {memory_text(self.memory_bytes)}"]
         return ", ".join(parts)
 
 
@@ -139,6 +142,16 @@ def _plan(name: str, demand: _Demand, pods: PodShape, problems: list[Problem]) -
     mem = fixed_mem if fixed_mem is not None else dflt_mem
     custom: dict[str, float] = {}
     ok = True
+    if fixed_mem is not None and fixed_mem < MIN_WORKER_MEMORY_BYTES:
+        whose = "the worker pod set by the ServeGraph has" if pods.memory_bytes else "its hint gives each worker"
+        problems.append(
+            Problem(
+                "",
+                f'worker group "{name}": {whose} {memory_text(fixed_mem)} of memory, too little for Ray to start '
+                f"(at least {memory_text(MIN_WORKER_MEMORY_BYTES)}: its object store takes 30% and needs 75Mi)",
+            )
+        )
+        return None
     for app, node in demand.nodes:
         r = node.resources
         need_cpus, need_gpus, need_mem = r.cpus, r.num_gpus, r.memory_bytes
@@ -156,13 +169,10 @@ def _plan(name: str, demand: _Demand, pods: PodShape, problems: list[Problem]) -
             continue
         too_big = [
             f"{what} {need:g} > {have:g}"
-            for what, need, have in (
-                ("num_cpus", r.cpus, cpus),
-                ("num_gpus", r.num_gpus, gpus),
-                ("memory_bytes", r.memory_bytes, mem),
-            )
+            for what, need, have in (("num_cpus", r.cpus, cpus), ("num_gpus", r.num_gpus, gpus))
             if need > have
         ]
+        too_big += [f"memory {memory_text(r.memory_bytes)} > {memory_text(mem)}"] if r.memory_bytes > mem else []
         pod = f" (the worker pod set by the ServeGraph: {pods.describe()})" if pods != ANY_POD else ""
         problems.append(
             Problem(
@@ -185,6 +195,11 @@ def _plan(name: str, demand: _Demand, pods: PodShape, problems: list[Problem]) -
     lo, initial, hi = counts
     if hint.max_workers is not None:
         lo, initial, hi = (min(v, hint.max_workers) for v in (lo, initial, hi))
+    if hi > MAX_INT32:
+        problems.append(
+            Problem("", f'worker group "{name}": its replicas need {hi:,} workers, over KubeRay\'s {MAX_INT32:,}')
+        )
+        return None
     return WorkerGroupPlan(
         name=name,
         cpus=cpus,

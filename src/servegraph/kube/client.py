@@ -75,12 +75,13 @@ def _status_error(code: int | None, http_reason: str | None, body: bytes | str |
     return KubeError(reason, f"{what}: {detail}", code)
 
 
-async def connect(kubeconfig: str | None = None) -> client.ApiClient:
-    """A kubeconfig when one is given or found, else the in-cluster service account."""
+async def connect(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """A kubeconfig (at its `context`, else its current one) when one is given or found, else
+    the in-cluster service account."""
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
     if kubeconfig or os.environ.get("KUBECONFIG") or Path(path).exists():  # noqa: ASYNC240 - once at start-up
-        await config.load_kube_config(config_file=path, client_configuration=cfg)
+        await config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)
     api = client.ApiClient(configuration=cfg)
@@ -147,6 +148,16 @@ class KubeClient:
         if self.may_write is not None and not self.may_write():
             raise KubeError("NotLeader", f"{what}: this replica does not lead; nothing written")
 
+    async def _get(self, path: str, what: str) -> dict[str, Any] | None:
+        """A GET of one object; None when it is absent (404), any other failure raised."""
+        try:
+            obj: dict[str, Any] = await self._call("GET", path, what)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
     async def _call(
         self,
         method: str,
@@ -209,15 +220,7 @@ class KubeClient:
         await old.close()
 
     async def get_rayservice(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self._call(
-                "GET", _rayservice_path(namespace, name), f"get RayService {namespace}/{name}"
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return await self._get(_rayservice_path(namespace, name), f"get RayService {namespace}/{name}")
 
     async def apply_rayservice(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
         """Server-side apply. `force` takes over fields others set (drift repair on our own
@@ -306,15 +309,7 @@ class KubeClient:
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The whole ConfigMap as JSON (binaryData stays base64), or None when absent."""
-        try:
-            obj: dict[str, Any] = await self._call(
-                "GET", _configmap_path(namespace, name), f"read ConfigMap {namespace}/{name}"
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return await self._get(_configmap_path(namespace, name), f"read ConfigMap {namespace}/{name}")
 
     async def create_configmap(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create a ConfigMap (the kept graphs); one of that name answers 409 AlreadyExists."""

@@ -15,21 +15,20 @@ claims leaves nothing behind, so the cache does not grow as objects come and go.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.dag.model import Graph
 from servegraph.names import Key
-from servegraph.operator.apply.drift import Desired, Live
+from servegraph.operator.kuberay import Live
 from servegraph.operator.packed import pack, unpack
-from servegraph.operator.rollout.store import Stored
+from servegraph.operator.parsed import ParsedGraphs
 from servegraph.operator.spec import Source
-from servegraph.operator.status.report import GoodGraph
+from servegraph.operator.values import Desired, GoodGraph, Stored
 
-PARSED_NODES = 50_000
-"""Nodes of parsed graphs kept for the next render (~650 bytes each: ~30 MiB)."""
+SERVEGRAPHS = "servegraphs"
+RAYSERVICES = "rayservices"
 
 
 class Unseen:
@@ -39,19 +38,20 @@ class Unseen:
 UNSEEN = Unseen()
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class FetchState:
-    """When the next download is due and what it sends."""
+    """When the next download is due and what it sends: what the last download that ended
+    left (fetch/download.py returns a new one; the reconcile records it). A download that
+    never ended (cancelled: a lost Lease, a stopped operator) leaves nothing, so it runs again."""
 
     source: Source | None = None
     """The source of the last download attempt: a different one downloads at once."""
     refresh: str | None = None
     """The refresh annotation the last download saw: a new value downloads at once."""
-    force: bool = False
-    """Download on the next reconcile whatever the timers say (a referenced Secret changed)."""
     retry_at: float = 0.0
     """Monotonic time after which a failed download may be tried again; 0 when none failed."""
     poll_due: float = 0.0
+    """Monotonic time of the next poll (a source with a pollInterval)."""
     etag: str | None = None
 
 
@@ -107,15 +107,15 @@ class WatchCache:
         # back (consumed then: a later delivery of it, a re-list, is handled as any other).
         self._echo_servegraphs: dict[Key, str] = {}
         self._echo_rayservices: dict[Key, str] = {}
-        # Parsed graphs by sha256 of their bytes, the most recently used first out, up to
-        # PARSED_NODES nodes in all: a ServeGraph keeps its graph packed (GoodGraph), and one
-        # rendered again soon (a publish, then KubeRay's new cluster) is not parsed again.
-        # The model is immutable, so ServeGraphs that download the same bytes share it.
-        self._graphs: OrderedDict[str, Graph] = OrderedDict()
-        self._graph_nodes = 0
+        # Parsed graphs by sha256 of their bytes, with a node budget per namespace (parsed.py).
+        self.parsed = ParsedGraphs()
         # spec.source.url → the ServeGraphs that name it: a "graph published" event finds
         # its ServeGraphs without reading every one (2 ms of CPU an event at 10,000).
         self._by_url: dict[str, set[Key]] = {}
+        # When each record was last stored, on a counter: a re-list compares only records stored
+        # before it began (`vanished`), as one stored since may be newer than what it lists.
+        self._tick = 0
+        self._stamps: dict[tuple[str, Key], int] = {}
 
     # -- ServeGraphs -----------------------------------------------------------------
 
@@ -127,6 +127,7 @@ class WatchCache:
         held = self._bodies.get(key)
         self._index_url(key, None if held is None else source_url(held.head), source_url(head))
         self._bodies[key] = _Held(head, None if status is None else pack(status))
+        self._stamp(SERVEGRAPHS, key)
         return key
 
     def _index_url(self, key: Key, old: str | None, new: str | None) -> None:
@@ -163,6 +164,7 @@ class WatchCache:
                     self._echo_servegraphs[key] = str(version)
                 head = new
         self._bodies[key] = _Held(head, pack(status))
+        self._stamp(SERVEGRAPHS, key)
 
     def echo_servegraph(self, key: Key, resource_version: str | None) -> bool:
         """Whether this delivery is the operator's own status write coming back, that version
@@ -173,6 +175,7 @@ class WatchCache:
         held = self._bodies.pop(key, None)
         if held is not None:
             self._index_url(key, source_url(held.head), None)
+        self._stamps.pop((SERVEGRAPHS, key), None)
         self._echo_servegraphs.pop(key, None)
         self._memory.pop(key, None)
         for rayservice in self._claimed.pop(key, ()):
@@ -180,6 +183,7 @@ class WatchCache:
             self._unread.discard(rayservice)
             if self._rayservices.get(rayservice, UNSEEN) is None:
                 del self._rayservices[rayservice]
+                self._stamps.pop((RAYSERVICES, rayservice), None)
 
     def body(self, key: Key) -> dict[str, Any] | None:
         """The whole body, its status unpacked: a new dict each time (the reconcile's own)."""
@@ -206,6 +210,21 @@ class WatchCache:
         """The reconcile's memory of a ServeGraph, empty the first time."""
         return self._memory.setdefault(key, Memory())
 
+    def forget_memories(self) -> None:
+        """Drop every reconcile's memory and the marks of the operator's own writes, keeping what
+        the watches delivered: a replica that stops leading may lead again after another did, and
+        what it remembers (the last download, the render, the store as written) is then older
+        than what the other applied. Acting on it rolled 20 ServeGraphs back a version (issue 44)."""
+        self._memory.clear()
+        self._echo_servegraphs.clear()
+        self._echo_rayservices.clear()
+        # A record compared with a render forgotten now says nothing of the next one: read it
+        # again on first use (a GET per RayService, once per leadership regained), or a change
+        # the other leader applied would be applied a second time.
+        for rayservice, live in list(self._rayservices.items()):
+            if live is not None and live.compared and live.raw is None:
+                self.forget_rayservice(rayservice)
+
     def peek_memory(self, key: Key) -> Memory | None:
         return self._memory.get(key)
 
@@ -222,8 +241,10 @@ class WatchCache:
             self._echo_rayservices.pop(rayservice, None)
         if live is None and rayservice not in self._claims:
             self._rayservices.pop(rayservice, None)
+            self._stamps.pop((RAYSERVICES, rayservice), None)
         else:
             self._rayservices[rayservice] = live
+            self._stamp(RAYSERVICES, rayservice)
 
     def put_applied(self, rayservice: Key, live: Live) -> None:
         """The record the operator's apply answered: the watch's next delivery of that version
@@ -253,6 +274,7 @@ class WatchCache:
     def forget_rayservice(self, rayservice: Key) -> None:
         """Read it again next time (an apply found it other than the cache said)."""
         self._rayservices.pop(rayservice, None)
+        self._stamps.pop((RAYSERVICES, rayservice), None)
         self._echo_rayservices.pop(rayservice, None)
         self._unread.add(rayservice)
 
@@ -275,6 +297,35 @@ class WatchCache:
         mine.add(rayservice)
         return None
 
+    # -- re-lists ---------------------------------------------------------------------------
+
+    def _stamp(self, kind: str, key: Key) -> None:
+        self._tick += 1
+        self._stamps[(kind, key)] = self._tick
+
+    def listing(self) -> int:
+        """A watch's list begins: what `vanished` later compares against."""
+        return self._tick
+
+    def vanished(self, kind: str, namespace: str | None, listed: Collection[Key], since: int) -> list[Key]:
+        """The objects of `kind` (SERVEGRAPHS or RAYSERVICES) held as existing, in `namespace`
+        (None: every one), that a list begun at `since` did not return: deleted while no
+        watch delivered it (a watch gap ended by 410 Gone delivers no DELETED). A record
+        stored since the list began is left out: it may be newer than the list."""
+        held: Iterable[Key] = self._bodies if kind == SERVEGRAPHS else self._rayservices
+        gone = set(held) - set(listed)
+        return sorted(
+            key
+            for key in gone
+            if (namespace is None or key[0] == namespace)
+            and self._stamps.get((kind, key), since + 1) <= since
+            and (kind == SERVEGRAPHS or self._rayservices.get(key) is not None)
+        )
+
+    def claimant(self, rayservice: Key) -> Key | None:
+        """The ServeGraph that claims (renders) this RayService name, if one does."""
+        return self._claims.get(rayservice)
+
     def sizes(self) -> dict[str, int]:
         """How many entries each per-object table holds: what must not grow as objects come and go."""
         return {
@@ -283,25 +334,18 @@ class WatchCache:
             "rayservices": len(self._rayservices),
             "claims": len(self._claims),
             "urls": len(self._by_url),
+            "stamps": len(self._stamps),
         }
 
     # -- graphs ---------------------------------------------------------------------------
 
     def graph(self, digest: str) -> Graph | None:
         """The graph of those bytes, if it was parsed recently."""
-        graph = self._graphs.get(digest)
-        if graph is not None:
-            self._graphs.move_to_end(digest)
-        return graph
+        return self.parsed.get(digest)
 
-    def share_graph(self, digest: str, graph: Graph) -> None:
-        if digest not in self._graphs:
-            self._graph_nodes += graph.node_count
-        self._graphs[digest] = graph
-        self._graphs.move_to_end(digest)
-        while self._graph_nodes > PARSED_NODES and len(self._graphs) > 1:
-            _, dropped = self._graphs.popitem(last=False)
-            self._graph_nodes -= dropped.node_count
+    def share_graph(self, digest: str, graph: Graph, tenant: str) -> None:
+        """Keep a parsed graph for the next render, charged to the namespace `tenant`."""
+        self.parsed.put(digest, graph, tenant)
 
 
 def source_url(head: Mapping[str, Any]) -> str | None:

@@ -25,6 +25,17 @@ class RayServiceApi(Protocol):
     async def delete_rayservice(self, namespace: str, name: str, uid: str, resource_version: str) -> None: ...
 
 
+class RouteApi(Protocol):
+    """A ServeGraph's HTTPRoute: read, server-side apply, delete (operator/apply/expose.py);
+    `servegraph.kube.routes.RouteClient`, and `tests/unit/memory_api.py` in unit tests."""
+
+    async def get_httproute(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def apply_httproute(self, manifest: Mapping[str, Any], force: bool = True) -> dict[str, Any]: ...
+
+    async def delete_httproute(self, namespace: str, name: str, uid: str, resource_version: str) -> None: ...
+
+
 class ConfigMapApi(Protocol):
     """The rollback store's ConfigMap: read whole, create, merge patch (operator/rollout/store.py)."""
 

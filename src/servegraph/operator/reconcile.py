@@ -22,30 +22,33 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from servegraph.evidence import Reader
 from servegraph.kube import KubeError
 from servegraph.names import GRAPH_LABEL, GROUP, KIND, REFRESH_ANNOTATION, ConditionType, Key
-from servegraph.operator.apply import rendering
-from servegraph.operator.apply.drift import Live, live_of, stranger
-from servegraph.operator.apply.writer import RayServiceWriter
-from servegraph.operator.cache import Memory, WatchCache
+from servegraph.operator import conditions
+from servegraph.operator.apply.drift import live_of
+from servegraph.operator.cache import SERVEGRAPHS, Memory, WatchCache
+from servegraph.operator.conditions import Condition
+from servegraph.operator.deploying import Deployed, Deployer
 from servegraph.operator.fetch.download import Downloader, needs_fetch
+from servegraph.operator.fetch.downloads import Downloads
 from servegraph.operator.fetch.parsing import parse_here
-from servegraph.operator.fetch.secrets import SecretCache
-from servegraph.operator.fetch.slots import NamespaceSlots
-from servegraph.operator.protocols import ApiServer, Fetcher, Parser
-from servegraph.operator.rollout import restart as restarts
-from servegraph.operator.rollout import suspension
-from servegraph.operator.rollout.decide import Decision
-from servegraph.operator.rollout.step import Rollouts, with_upgrade
-from servegraph.operator.run.metrics import Metrics
-from servegraph.operator.run.queue import WorkQueue
-from servegraph.operator.spec import ServeGraphSpec, SpecError, parse_spec
-from servegraph.operator.status import conditions
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import Event, GoodGraph, Observed, Outcome, report
+from servegraph.operator.gateways import GatewayPolicy
+from servegraph.operator.kuberay import stranger
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.protocols import ApiServer, Fetcher, Parser, RouteApi
+from servegraph.operator.queue import WorkQueue
+from servegraph.operator.rollout import store
+from servegraph.operator.rollout.step import Rollouts
+from servegraph.operator.secrets import SecretCache
+from servegraph.operator.spec import SpecError, parse_spec
+from servegraph.operator.status.report import report
+from servegraph.operator.unexpected import message, unexpected
+from servegraph.operator.values import Event, Observed, Outcome
+from servegraph.render.kuberay_features import KubeRayFeatures
 from servegraph.render.rayservice import rayservice_name
 from servegraph.source import Limits
 
@@ -54,18 +57,6 @@ log = logging.getLogger("servegraph.operator")
 
 class RetryLater(Exception):
     """The reconcile did what it could; run it again after a backoff."""
-
-
-# Each step of a reconcile: the condition its unexpected exception is reported in, and what it was doing.
-STEPS: dict[str, tuple[ConditionType | None, str]] = {
-    "spec": (ConditionType.FETCHED, "reading the spec"),
-    "download": (ConditionType.FETCHED, "downloading"),
-    "ownership": (ConditionType.APPLIED, "checking who owns the RayService"),
-    "rollout": (ConditionType.APPLIED, "planning the rollout"),
-    "render": (ConditionType.APPLIED, "rendering the RayService"),
-    "apply": (ConditionType.APPLIED, "applying the RayService"),
-    "status": (None, "writing the status"),
-}
 
 
 class Reconciler:
@@ -80,24 +71,41 @@ class Reconciler:
         parser: Parser = parse_here,
         limits: Limits | None = None,
         fetches_per_namespace: int = 2,
+        max_downloads: int = 64,
         secret_ttl_s: float = 10.0,
         serve_service_types: frozenset[str] = frozenset(),
+        serve_service_annotations: tuple[str, ...] = (),
         owns: Callable[[Mapping[str, Any]], bool] = lambda _: True,
-        clock: Callable[[], float] = time.monotonic,
+        kuberay: KubeRayFeatures | None = None,
+        routes: RouteApi | None = None,
+        gateways: GatewayPolicy | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        evidence: Reader | None = None,
+        watched: Collection[str] | None = None,
     ) -> None:
         self.api = api
-        self.clock = clock
-        """Monotonic seconds for polls, retries and the Secret cache (a test moves its own);
-        a reconcile's duration is measured on the real clock."""
+        self._lists_due: set[str | None] | None = (
+            {None} if watched is None else None if any(c in n for n in watched for c in "*?[") else set(watched)
+        )
+        """The ServeGraph lists the watches make at the start: one cluster-wide, or one per namespace
+        watched; None: any one (globs, whose namespaces are not known here)."""
+        self._lists_seen = False
+        self._undelivered: set[Key] = set()
+        """Listed ServeGraphs not yet delivered to `servegraph_changed`."""
+        self.monotonic = monotonic
+        """Seconds that never go back, for polls, retries and the Secret cache (a test moves its
+        own); a reconcile's duration is measured on the real one."""
         self.owns = owns
         """Whether a ServeGraph is this shard's (`sharding.Shard.owns`): checked with `_current`."""
         self.serve_service_types = serve_service_types
         """Service types the administrator allows a serveService besides ClusterIP."""
+        self.serve_service_annotations = serve_service_annotations
+        """Prefixes of the annotations the administrator allows a serveService (none by default)."""
         self.metrics = metrics
         self.queue = queue
         self.cache = cache or WatchCache()
-        self.secrets = SecretCache(api.read_secret_data, ttl_s=secret_ttl_s, clock=clock)
-        self.slots = NamespaceSlots(fetches_per_namespace, queue.add_first)
+        self.secrets = SecretCache(api.read_secret_data, ttl_s=secret_ttl_s, monotonic=monotonic)
         self.downloader = Downloader(
             fetcher,
             parser,
@@ -107,23 +115,30 @@ class Reconciler:
             self.cache,
             queue.min_retry_delay_s,
             unexpected=lambda exc: metrics.internal_error("download", exc),
-            clock=clock,
+            monotonic=monotonic,
         )
-        self.rollouts = Rollouts(api, parser, self.cache, metrics)
-        self.writer = RayServiceWriter(api, self.cache, metrics)
+        self.downloads = Downloads(self.downloader.run, queue.add, fetches_per_namespace, max_downloads)
+        """Downloads run beside the workers, never in them (fetch/downloads.py)."""
+        self.rollouts = Rollouts(api, parser, self.cache, metrics, wall=wall, evidence=evidence)
+        """Rollout times are written to the status, for any later leader: on the `wall` clock."""
+        self.deployer = Deployer(api, self.cache, metrics, self.rollouts, monotonic, kuberay, routes)
+        self.gateways = gateways or GatewayPolicy()
+        """The Gateways and gateway classes the administrator allows (none by default)."""
         metrics.watch_conditions(self.cache.condition_pairs)
+        metrics.watch_downloads(self.downloads.running, self.downloads.waiting)
         metrics.watch_servegraphs(lambda key: self.cache.head(key) is not None)
 
     # -- triggers: each only records what changed and queues the key -------------
 
     def servegraph_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        self._undelivered.discard(key)
         if not deleted and self.cache.echo_servegraph(key, body["metadata"].get("resourceVersion")):
             return  # our status write's answer, delivered back: held already
         if deleted:
             self.cache.forget_servegraph(key)
             self.queue.discard(key)
-            self.slots.forget(key)
+            self.downloads.cancel(key)
             self.metrics.forget(key)
             return
         self.cache.put_servegraph(body)
@@ -152,8 +167,55 @@ class Reconciler:
             if self.cache.head(key) is not None:
                 self.queue.add(key)
 
+    def httproute_changed(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        """One of the operator's HTTPRoutes changed or vanished: recorded, and its ServeGraph queued
+        (an edit or a deletion is repaired; a Gateway's verdict is said)."""
+        owner = self.deployer.routes.seen(body, deleted)
+        if owner is not None and self.cache.head(owner) is not None:
+            self.queue.add(owner)
+
+    def listing(self) -> int:
+        """A watch begins to list its objects (the start, or after a gap: 410 Gone)."""
+        return self.cache.listing()
+
+    def relisted(self, kind: str, namespace: str | None, listed: Collection[Key], since: int) -> None:
+        """A watch's list ended (`since`: what `listing` said as it began): what it no longer
+        returns was deleted in a gap no watch delivered, and is forgotten or repaired like a
+        delivered deletion — a RayService deleted meanwhile is created again, never left
+        reported UpToDate (issue 44)."""
+        if kind == SERVEGRAPHS:
+            self._listed(namespace, listed)
+        for key in self.cache.vanished(kind, namespace, listed, since):
+            if kind == SERVEGRAPHS:
+                head = self.cache.head(key)
+                if head is not None:
+                    log.info("[%s/%s] deleted while unwatched: forgotten", *key)
+                    self.servegraph_changed(head, deleted=True)
+                continue
+            log.info("RayService %s/%s deleted while unwatched: repairing", *key)
+            self.cache.put_rayservice(key, None)
+            owner = self.cache.claimant(key)
+            if owner is not None and self.cache.head(owner) is not None:
+                self.queue.add(owner)
+
+    def _listed(self, namespace: str | None, listed: Collection[Key]) -> None:
+        if self._lists_due is not None:
+            self._lists_due.discard(namespace)
+        self._lists_seen = True
+        self._undelivered.update(key for key in listed if self.cache.head(key) is None)
+
+    def servegraphs_synced(self) -> bool:
+        """Whether the watches' first lists of ServeGraphs ended and what they returned was
+        delivered: until then a "graph published" event matched against the cache would miss
+        ServeGraphs, and be acknowledged for none (the events endpoint answers 503 meanwhile)."""
+        due = self._lists_due
+        return self._lists_seen and (due is None or not due) and not self._undelivered
+
     def resync_all(self) -> None:
-        """Queue every known ServeGraph (a new leader catches up on what it missed)."""
+        """Queue every known ServeGraph (a new leader catches up on what it missed), each
+        reconciled from what the API server holds: any memory of an earlier leadership is
+        dropped first (`WatchCache.forget_memories`)."""
+        self.cache.forget_memories()
         for key in self.cache.servegraph_keys():
             self.queue.add(key)
 
@@ -163,7 +225,6 @@ class Reconciler:
         """One pass; returns seconds until the next poll, or raises RetryLater."""
         body = self.cache.body(key)
         if body is None:
-            self.slots.done(key)  # a download slot's turn handed to it goes on
             return None
         start = time.monotonic()
         self.metrics.reconciling(key)
@@ -176,14 +237,13 @@ class Reconciler:
             result = "retry"
             raise
         except Exception as exc:  # escaped every step: the status could not be written
-            self._unexpected(key, "status", exc)
+            unexpected(key, "status", exc, self.metrics)
             if self._current(key, body):
-                warning = Event("Warning", "InternalError", _internal(exc, "status"))
+                warning = Event("Warning", "InternalError", message(exc, "status"))
                 await self._event(body, warning, conditions.now_rfc3339())
             result = "retry"
             raise RetryLater from None
         finally:
-            self.slots.done(key)  # a download slot's turn handed to it and not used goes on
             self.metrics.observe_reconcile(key, result, time.monotonic() - start)
 
     def _current(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -197,53 +257,67 @@ class Reconciler:
         namespace, _ = key
         memory = self.cache.memory(key)
         try:
-            spec = parse_spec(body.get("spec") or {}, namespace, self.serve_service_types)
+            spec = parse_spec(
+                body.get("spec") or {},
+                namespace,
+                self.serve_service_types,
+                self.serve_service_annotations,
+                self.gateways,
+            )
         except Exception as exc:
             if isinstance(exc, SpecError):
                 out = Outcome(fetched=Condition(ConditionType.FETCHED, False, "InvalidSpec", str(exc)))
             else:
-                out = self._unexpected(key, "spec", exc)
+                out = unexpected(key, "spec", exc, self.metrics)
             await self._write_status(
                 key, body, memory, Observed(out, None, None, None, None, still_current=frozenset())
             )
             if out.retry:
                 raise RetryLater from None
             return None
+        may_write = lambda: self._current(key, body)  # noqa: E731
         if spec.suspend:
-            await self._suspended(key, body, spec, memory)
+            self.downloads.cancel(key)  # nothing is downloaded while suspended
+            observed = await self.deployer.suspend(key, body, spec, memory, may_write)
+            await self._write_status(key, body, memory, observed)
+            if observed.outcome.retry:
+                raise RetryLater
             return None  # no poll while suspended
 
         out = Outcome()
         refresh = (body["metadata"].get("annotations") or {}).get(REFRESH_ANNOTATION)
-        if needs_fetch(memory, spec.source, refresh, self.clock()):
-            if self.slots.acquire(key):
-                try:
-                    out = await self.downloader.run(key, memory, spec.source, refresh)
-                except Exception as exc:  # outside the download's own handling (its bookkeeping)
-                    out = self._unexpected(key, "download", exc)
-                finally:
-                    self.slots.release(key)
-            elif memory.good is None and not (body.get("status") or {}).get("rollout"):
-                # Parked with nothing to apply: a freed slot queues it again (fetch/slots.py), and a
-                # status now would only say "not downloaded yet", then the real one, an Event each.
-                return None
-            if not self._current(key, body):
-                return None  # deleted or replaced while downloading: write nothing for it
+        if needs_fetch(memory, spec.source, refresh, self.monotonic()):
+            finished = self.downloads.take(key, spec.source, refresh)
+            if finished is None:  # asked for: its end queues the ServeGraph again
+                self.downloads.start(key, memory, spec.source, refresh)
+                asked = memory.fetch.source != spec.source or memory.fetch.refresh != refresh
+                if asked or (memory.good is None and not (body.get("status") or {}).get("rollout")):
+                    # A download this change asked for (a new source or refresh, often with a spec
+                    # change): what it brings is applied with the spec, once, not the old graph
+                    # first. And with nothing to apply yet, a status now would only say "not
+                    # downloaded yet", then the real one, an Event each. A poll or a retry holds nothing.
+                    return None
+            elif finished.result is not None:
+                finished.result.record(memory)  # only now: a download that never ended records nothing
+                if finished.result.good is not None:
+                    memory.unkept = finished.result.good.size <= store.BUDGET  # the rollout keeps it
+                out = finished.result.outcome
+            else:  # outside the download's own handling (its bookkeeping)
+                assert finished.error is not None
+                out = unexpected(key, "download", finished.error, self.metrics)
 
-        live: Live | None = None
-        rs_name = clash = None
-        decision: Decision | None = None
-        target: GoodGraph | None = None
+        deployed = Deployed(None, None, None, None, out)
+        rs_name: str | None = None
         if memory.good is not None or (body.get("status") or {}).get("rollout"):
-            rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
-            live, clash, decision, target, applying = await self._apply(key, body, spec, memory, rs_name, out.retry)
-            out = out.then(applying)
+            rs_name = rayservice_name(spec.ray_service.name or body["metadata"]["name"])
+            deployed = await self.deployer.deploy(key, body, spec, memory, rs_name, out, may_write)
+            out = deployed.found
+        live, decision, target = deployed.live, deployed.decision, deployed.target
         if memory.good is None and target is None and out.applied is None:
             no_graph = Condition(ConditionType.APPLIED, False, "NoValidGraph", "no valid graph has been downloaded yet")
             out = out.then(Outcome(applied=no_graph))
-        for cond in (out.fetched, out.valid, out.applied, out.progressing):
-            if cond is not None:
-                memory.computed_for[cond.type] = spec.source
+        for cond in out.conditions():
+            memory.computed_for[cond.type] = spec.source
         observed = Observed(
             outcome=out,
             good=target,
@@ -254,100 +328,22 @@ class Reconciler:
             pending=live.pending if live is not None else None,
             rollout=decision.rollout if decision is not None else None,
             history=decision.history if decision is not None else None,
-            conflict=clash,
+            conflict=deployed.clash,
+            layout=None
+            if deployed.layout is None
+            else {"base": deployed.layout.base.digest, "live": deployed.layout.serving.digest},
             still_current=frozenset(t for t, src in memory.computed_for.items() if src == spec.source),
         )
         await self._write_status(key, body, memory, observed)
         if out.retry:
             raise RetryLater
-        delays = [decision.seconds_to_deadline(self.rollouts.clock())] if decision is not None else []
-        if spec.source.poll_interval_s:
-            delays.append(max(0.0, memory.fetch.poll_due - self.clock()))
+        delays = []
+        if decision is not None:  # the rollout's deadline or stable window, a canary's next check
+            delays += [decision.seconds_to_deadline(self.rollouts.wall()), self.rollouts.next_check(spec, decision)]
+        if spec.source.poll_interval_s and not self.downloads.busy(key):  # else its end queues it
+            delays.append(max(0.0, memory.fetch.poll_due - self.monotonic()))
         known = [d for d in delays if d is not None]
         return min(known) if known else None
-
-    async def _apply(
-        self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory, rs_name: str, retrying: bool
-    ) -> tuple[Live | None, str | None, Decision | None, GoodGraph | None, Outcome]:
-        """Ownership → rollout → render → apply, each step's Outcome chained, stopping at the
-        first that asks to retry: (the live RayService, why it is not ours, the rollout
-        decision, the graph it runs, what the steps found)."""
-        namespace = key[0]
-        decision: Decision | None = None
-        target: GoodGraph | None = None
-        step = "ownership"
-        out = Outcome(retry=retrying)
-        live: Live | None = None
-        clash: str | None = None
-        try:
-            live, clash, found = await self.writer.owned_live(key, body, rs_name)
-            out = out.then(found)
-            deleting = live is not None and live.deleting  # after a suspend: created again once gone
-            if deleting:
-                live = None
-                waiting = f"RayService {rs_name} is deleting"
-                out = out.then(Outcome(applied=Condition(ConditionType.APPLIED, None, "WaitingForDeletion", waiting)))
-            if clash is not None or out.retry:
-                return live, clash, decision, target, out
-            step = "rollout"
-            may_write = lambda: self._current(key, body)  # noqa: E731
-            target, decision, memory.stored, found = await self.rollouts.plan(
-                body, memory, spec.rollout, spec.source.url, live, may_write
-            )
-            out = out.then(found)
-            memory.target = target
-            stored = {h["digest"] for h in decision.history if h.get("rollbackAvailable")}
-            if memory.good is not None and memory.good.digest in stored:
-                memory.unkept = False  # in the store now: not written again
-            if target is None or out.retry or deleting:
-                return live, clash, decision, target, out
-            step = "render"
-            running = live.cluster if live is not None else None
-            annotations = body["metadata"].get("annotations") or {}
-            restart = restarts.decide(annotations, spec.ray_service.get("upgradeStrategy"), running)
-            desired = await rendering.desired(
-                memory.desired, target, spec, body, running, self.cache, self.rollouts.parser, restart.value
-            )
-            if isinstance(desired, Outcome):
-                return live, clash, decision, target, out.then(desired)
-            memory.desired = desired
-            if live is not None and live.raw is not None:  # seen before anything was desired
-                live = live_of(live.raw, desired)
-                self.cache.put_rayservice((namespace, rs_name), live)
-            step = "apply"
-            applied = await self.writer.apply(key, body["metadata"]["uid"], desired, live, may_write)
-            live, clash, out = applied.live, applied.clash, out.then(applied.found)
-            if decision is not None and applied.upgrade is not None:
-                decision = with_upgrade(decision, applied.upgrade)
-            if restart.refused is not None and out.applied is not None and out.applied.status:
-                out = out.then(Outcome(applied=restart.refused))
-        except Exception as exc:
-            out = out.then(self._unexpected(key, step, exc))
-        return live, clash, decision, target, out
-
-    async def _suspended(self, key: Key, body: dict[str, Any], spec: ServeGraphSpec, memory: Memory) -> None:
-        """spec.suspend (operator/rollout/suspension.py): delete the RayService, keep the rest, download nothing."""
-        suspension.hold_polls(memory.fetch, spec.source, self.clock())
-        memory.desired = None  # rendered again from the kept graph on resume
-        rs_name = rayservice_name(spec.ray_service.get("name") or body["metadata"]["name"])
-        live = clash = None
-        deleted = False
-        out = Outcome()
-        try:
-            live, clash, out = await self.writer.owned_live(key, body, rs_name)
-            if clash is None and not out.retry and self._current(key, body):
-                deleted, out = await suspension.remove(self.api, self.cache, key, rs_name, body, live)
-                self.metrics.writes.labels("rayservice").inc(deleted)
-        except Exception as exc:
-            out = out.then(self._unexpected(key, "apply", exc))
-        still = frozenset(t for t, src in memory.computed_for.items() if src == spec.source)
-        now = self.rollouts.clock()
-        observed = suspension.report(out, body.get("status") or {}, rs_name, live, deleted, clash, still, now)
-        out = observed.outcome
-        memory.computed_for.update({c.type: spec.source for c in (out.applied, out.progressing) if c is not None})
-        await self._write_status(key, body, memory, observed)
-        if out.retry:
-            raise RetryLater
 
     async def _write_status(self, key: Key, body: dict[str, Any], memory: Memory, observed: Observed) -> None:
         meta = body["metadata"]
@@ -374,17 +370,6 @@ class Reconciler:
             if self._current(key, body):
                 await self._event(body, event, now)
 
-    def _unexpected(self, key: Key, step: str, exc: Exception) -> Outcome:
-        """A step failed in a way nobody foresaw: log it whole for the administrator, count it,
-        and say in the step's condition which exception it was (its text could carry a secret)."""
-        log.error("[%s/%s] unexpected %s while %s", *key, type(exc).__name__, STEPS[step][1], exc_info=exc)
-        self.metrics.internal_error(step, exc)
-        kind = STEPS[step][0]
-        if kind is None:
-            return Outcome(retry=True)
-        cond = Condition(kind, False, "InternalError", _internal(exc, step))
-        return Outcome(fetched=cond, retry=True) if kind == ConditionType.FETCHED else Outcome(applied=cond, retry=True)
-
     async def _event(self, body: dict[str, Any], event: Event, now: str) -> None:
         try:
             await self.api.post_event(body, event.type, event.reason, event.message, now)
@@ -392,7 +377,3 @@ class Reconciler:
         except KubeError as exc:
             meta = body["metadata"]
             log.warning("[%s/%s] cannot post event %s: %s", meta["namespace"], meta["name"], event.reason, exc)
-
-
-def _internal(exc: Exception, step: str) -> str:
-    return f"unexpected {type(exc).__name__} while {STEPS[step][1]}; the operator's log has the details"

@@ -12,11 +12,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from servegraph.names import API_VERSION, GRAPH_LABEL, KIND, Key
-from servegraph.operator.apply import serve_service
-from servegraph.operator.fetch import secrets
-from servegraph.operator.fetch.secrets import SecretKeyRef
-from servegraph.operator.rollout.decide import RolloutSpec
+from servegraph.names import API_VERSION, GRAPH_LABEL, KIND
+from servegraph.operator import secrets, serve_service
+from servegraph.operator.gateways import GatewayPolicy
+from servegraph.operator.secrets import SecretKeyRef
 from servegraph.render import PodOverrides, RayServiceOptions
 from servegraph.render.rayservice import AutoscalerOptions, UpgradeStrategy
 
@@ -62,17 +61,103 @@ class Source:
     timeout_s: float = 30.0
     max_bytes: int = 16 * 1024 * 1024
 
-    def secrets(self) -> frozenset[Key]:
-        """(namespace, name) of every Secret a download reads: the ones worth watching."""
-        refs = [self.token, self.ca_secret]
-        return frozenset(r.secret for r in refs if r is not None)
+
+@dataclass(frozen=True)
+class CanaryStep:
+    weight: int
+    """Percent of requests the new version answers."""
+    pause_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class NodeThreshold:
+    """`canary.analysis.nodes[]`: one node's own thresholds (its edge's errors, its p99)."""
+
+    application: str
+    node: str
+    max_error_rate: float | None = None
+    max_latency_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """`canary.analysis`: what must hold at every step. The defaults are what `canary: {}` gets."""
+
+    interval_s: float = 15.0
+    min_requests: int = 20
+    max_error_rate: float = 0.01
+    max_latency_ratio: float = 2.0
+    failure_limit: int = 1
+    nodes: tuple[NodeThreshold, ...] = ()
+
+
+DEFAULT_STEPS = (CanaryStep(10, 60.0), CanaryStep(50, 60.0))
+
+
+@dataclass(frozen=True)
+class CanarySpec:
+    """`spec.rollout.canary` (rollout/canary.py decides by it)."""
+
+    steps: tuple[CanaryStep, ...] = DEFAULT_STEPS
+    analysis: Analysis = field(default_factory=Analysis)
+    mirror_percent: int = 0
+    mirror_pause_s: float = 60.0
+    sticky_header: str | None = None
+    sticky_field: str | None = None
+    queue_publishes: bool = False
+    """onPublish: Queue (the running canary finishes first); default Restart."""
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """`spec.rollout` (rollout/decide.py decides by it)."""
+
+    progress_deadline_s: float = 600.0
+    auto_rollback: bool = True
+    history_limit: int = 10
+    pin_digest: str | None = None
+    pin_version: str | None = None
+    canary: CanarySpec | None = None
+
+
+@dataclass(frozen=True)
+class RayServiceSpec:
+    """`spec.rayService`: what the ServeGraph sets of the RayService it renders."""
+
+    name: str | None = None
+    """The RayService's name; None: the ServeGraph's."""
+    image: str | None = None
+    ray_version: str | None = None
+    head: PodOverrides = field(default_factory=PodOverrides)
+    workers: PodOverrides = field(default_factory=PodOverrides)
+    upgrade_strategy: UpgradeStrategy | None = None
+    autoscaler: AutoscalerOptions = field(default_factory=AutoscalerOptions)
+    serve_service: Mapping[str, Any] | None = None
+
+    @property
+    def strategy(self) -> str | None:
+        """KubeRay's upgradeStrategy type, when the spec sets one."""
+        return None if self.upgrade_strategy is None else self.upgrade_strategy.type
+
+
+@dataclass(frozen=True)
+class ExposeSpec:
+    """`spec.expose`: the graph's HTTP routes through an HTTPRoute on an allowed Gateway."""
+
+    gateway_namespace: str
+    gateway_name: str
+    section_name: str | None = None
+    hostnames: tuple[str, ...] = ()
+    paths: Mapping[str, str] = field(default_factory=dict)
+    """Application → the path it answers on at the Gateway (default: its route prefix)."""
 
 
 @dataclass(frozen=True)
 class ServeGraphSpec:
     source: Source
-    ray_service: Mapping[str, Any]
+    ray_service: RayServiceSpec = field(default_factory=RayServiceSpec)
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    expose: ExposeSpec | None = None
     suspend: bool = False
     """`spec.suspend` (or the deprecated `spec.rayService.suspend`, which KubeRay's RayService
     never had): the RayService is deleted, the ServeGraph and its graphs kept."""
@@ -80,16 +165,16 @@ class ServeGraphSpec:
     def rayservice_options(self, name: str, namespace: str, owner: Mapping[str, Any]) -> RayServiceOptions:
         rs = self.ray_service
         return RayServiceOptions(
-            name=rs.get("name") or name,
+            name=rs.name or name,
             namespace=namespace,
             labels={GRAPH_LABEL: name},
-            image=rs.get("image"),
-            ray_version=rs.get("rayVersion"),
-            head=_pod(rs.get("head") or {}),
-            workers=_workers(rs),
-            upgrade_strategy=_strategy(rs),
-            autoscaler=_autoscaler(rs.get("autoscaler") or {}),
-            serve_service=rs.get("serveService"),
+            image=rs.image,
+            ray_version=rs.ray_version,
+            head=rs.head,
+            workers=rs.workers,
+            upgrade_strategy=rs.upgrade_strategy,
+            autoscaler=rs.autoscaler,
+            serve_service=rs.serve_service,
             owner_references=(owner,),
         )
 
@@ -126,6 +211,44 @@ def _rollout(raw: Mapping[str, Any]) -> RolloutSpec:
         history_limit=int(raw.get("historyLimit") or 10),
         pin_digest=digest.removeprefix("sha256:") if digest else None,
         pin_version=pin.get("version") or None,
+        canary=None if raw.get("canary") is None else _canary(raw["canary"]),
+    )
+
+
+def _canary(raw: Mapping[str, Any]) -> CanarySpec:
+    """`spec.rollout.canary`; the CRD's schema and CEL rules refused the rest already."""
+    steps = raw.get("steps")
+    a = raw.get("analysis") or {}
+    mirror = raw.get("mirror") or {}
+    sticky = raw.get("stickyKey") or {}
+    return CanarySpec(
+        steps=DEFAULT_STEPS
+        if steps is None
+        else tuple(
+            CanaryStep(int(s["weight"]), parse_duration(s.get("pause") or "1m", f"rollout.canary.steps[{i}].pause"))
+            for i, s in enumerate(steps)
+        ),
+        analysis=Analysis(
+            interval_s=parse_duration(a.get("interval") or "15s", "rollout.canary.analysis.interval"),
+            min_requests=int(a.get("minRequests", 20)),
+            max_error_rate=float(a.get("maxErrorRate", 0.01)),
+            max_latency_ratio=float(a.get("maxLatencyRatio", 2.0)),
+            failure_limit=int(a.get("failureLimit", 1)),
+            nodes=tuple(
+                NodeThreshold(
+                    str(n["application"]),
+                    str(n["node"]),
+                    None if n.get("maxErrorRate") is None else float(n["maxErrorRate"]),
+                    None if n.get("maxLatencyRatio") is None else float(n["maxLatencyRatio"]),
+                )
+                for n in a.get("nodes") or ()
+            ),
+        ),
+        mirror_percent=int(mirror.get("percent") or 0),
+        mirror_pause_s=parse_duration(mirror.get("pause") or "1m", "rollout.canary.mirror.pause"),
+        sticky_header=sticky.get("header") or None,
+        sticky_field=sticky.get("field") or None,
+        queue_publishes=raw.get("onPublish") == "Queue",
     )
 
 
@@ -160,10 +283,37 @@ def _config_map_ref(raw: Mapping[str, Any] | None, namespace: str) -> ConfigMapK
     return ConfigMapKeyRef(namespace=namespace, name=str(raw["name"]), key=str(raw.get("key") or "ca.crt"))
 
 
-def parse_spec(spec: Mapping[str, Any], namespace: str, serve_service_types: Collection[str] = ()) -> ServeGraphSpec:
+def _expose(raw: Mapping[str, Any] | None, namespace: str, gateways: GatewayPolicy | None) -> ExposeSpec | None:
+    """`spec.expose`, its Gateway held to the administrator's allowlist (None: not checked)."""
+    if raw is None:
+        return None
+    gateway = raw.get("gateway") or {}
+    gw_ns, gw_name = str(gateway.get("namespace") or namespace), str(gateway.get("name") or "")
+    problem = None if gateways is None else gateways.gateway_problem(gw_ns, gw_name, "spec.expose.gateway")
+    if problem is not None:
+        raise SpecError(problem)
+    apps = raw.get("applications") or {}
+    return ExposeSpec(
+        gateway_namespace=gw_ns,
+        gateway_name=gw_name,
+        section_name=gateway.get("sectionName") or None,
+        hostnames=tuple(raw.get("hostnames") or ()),
+        paths={str(app): str(v["path"]) for app, v in sorted(apps.items()) if (v or {}).get("path")},
+    )
+
+
+def parse_spec(
+    spec: Mapping[str, Any],
+    namespace: str,
+    serve_service_types: Collection[str] = (),
+    serve_service_annotations: Collection[str] | None = None,
+    gateways: GatewayPolicy | None = None,
+) -> ServeGraphSpec:
     """Read the spec of a ServeGraph in `namespace`, where every Secret and ConfigMap it names lives.
 
-    `serve_service_types` are the Service types the administrator allows besides ClusterIP.
+    `serve_service_types` are the Service types the administrator allows besides ClusterIP;
+    `serve_service_annotations` the annotation key prefixes (None: not checked); `gateways` the
+    Gateways and gateway classes (None: not checked; the operator's default allows none).
     """
     src = spec.get("source") or {}
     if not src.get("url") or not src.get("tokenSecretRef", {}).get("name"):
@@ -183,16 +333,33 @@ def parse_spec(spec: Mapping[str, Any], namespace: str, serve_service_types: Col
         timeout_s=parse_duration(src.get("timeout") or "30s", "source.timeout"),
         max_bytes=int(src.get("maxBytes") or 16 * 1024 * 1024),
     )
-    ray_service = dict(spec.get("rayService") or {})
-    if ray_service.get("serveService") is not None:
-        problems = serve_service.check(ray_service["serveService"], serve_service_types)
+    raw = spec.get("rayService") or {}
+    if raw.get("serveService") is not None:
+        problems = serve_service.check(raw["serveService"], serve_service_types, serve_service_annotations)
         if problems:
             raise SpecError("; ".join(problems))
+    head, workers = pod_overrides(raw)
+    gateway_class = (raw.get("clusterUpgradeOptions") or {}).get("gatewayClassName")
+    if gateway_class is not None and gateways is not None:
+        problem = gateways.class_problem(str(gateway_class), "spec.rayService.clusterUpgradeOptions.gatewayClassName")
+        if problem is not None:
+            raise SpecError(problem)
+    ray_service = RayServiceSpec(
+        name=raw.get("name") or None,
+        image=raw.get("image"),
+        ray_version=raw.get("rayVersion"),
+        head=head,
+        workers=workers,
+        upgrade_strategy=_strategy(raw),
+        autoscaler=_autoscaler(raw.get("autoscaler") or {}),
+        serve_service=raw.get("serveService"),
+    )
     return ServeGraphSpec(
         source=source,
         ray_service=ray_service,
         rollout=_rollout(spec.get("rollout") or {}),
-        suspend=bool(spec.get("suspend") or ray_service.get("suspend")),
+        expose=_expose(spec.get("expose"), namespace, gateways),
+        suspend=bool(spec.get("suspend") or raw.get("suspend")),
     )
 
 

@@ -214,6 +214,15 @@ class RayDashboard:
         doc = await self._request("GET", APPS_PATH, params={"api_type": "declarative"})
         return parse_serve_details(doc if isinstance(doc, Mapping) else {})
 
+    async def nodes(self) -> list[dict[str, Any]]:
+        """`GET /api/v0/nodes` (Ray's state API): every node, with `state` and `resources_total`."""
+        doc = await self._request("GET", "/api/v0/nodes", params={"limit": "10000"})
+        # {"result": true, "msg": "", "data": {"result": {"total": N, "result": [node, ...], ...}}}
+        found: Any = doc
+        for key in ("data", "result", "result"):
+            found = found.get(key) if isinstance(found, Mapping) else None
+        return [n for n in found if isinstance(n, dict)] if isinstance(found, list) else []
+
     async def delete_applications(self) -> None:
         """Delete every Serve application (Ray shuts Serve down on this cluster)."""
         await self._request("DELETE", APPS_PATH)

@@ -10,7 +10,7 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
@@ -20,8 +20,11 @@ from servegraph.raydash.dashboard import DashboardError, DashboardUnreachable, R
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-async def ensure_dashboard(address: str, token: str | None, *, start_local: bool, err: TextIO) -> str | None:
-    """Return the token to use once a dashboard answers at `address`, starting a local head if asked."""
+async def ensure_dashboard(
+    address: str, token: str | None, *, start_local: bool, err: TextIO, head_flags: Sequence[str] = ()
+) -> str | None:
+    """Return the token to use once a dashboard answers at `address`, starting a local head
+    (with `head_flags` for `ray start`) if asked."""
     try:
         async with RayDashboard(address, token) as dash:
             await dash.version()
@@ -35,13 +38,15 @@ async def ensure_dashboard(address: str, token: str | None, *, start_local: bool
             f"no Ray dashboard answers at {address}, and --start-local only starts one on "
             "127.0.0.1 with an explicit port"
         )
-    token = await start_local_head(parts.port, token, err=err)
+    token = await start_local_head(parts.port, token, err=err, flags=head_flags)
     async with RayDashboard(address, token) as dash:
         await _wait_for_dashboard(dash)
     return token
 
 
-async def start_local_head(dashboard_port: int, token: str | None, *, err: TextIO) -> str | None:
+async def start_local_head(
+    dashboard_port: int, token: str | None, *, err: TextIO, flags: Sequence[str] = ()
+) -> str | None:
     """`ray start --head` with this environment's Ray, token auth on unless RAY_AUTH_MODE says otherwise.
 
     The head outlives this command (that is the point); `ray stop` ends it.
@@ -59,8 +64,10 @@ async def start_local_head(dashboard_port: int, token: str | None, *, err: TextI
             if code != 0 or not stdout.strip():
                 raise DashboardError("could not create a Ray auth token with `ray get-auth-token --generate`")
             token = stdout.strip()
+    sized = f" with {' '.join(flags)} (the graph's needs; Ray counts them logically)" if flags else ""
     print(
-        f"servegraph up: starting a local Ray head, dashboard on 127.0.0.1:{dashboard_port} (stop it with `ray stop`)",
+        f"servegraph up: starting a local Ray head{sized}, dashboard on 127.0.0.1:{dashboard_port} "
+        "(stop it with `ray stop`)",
         file=err,
         flush=True,
     )
@@ -70,6 +77,7 @@ async def start_local_head(dashboard_port: int, token: str | None, *, err: TextI
         "--head",
         f"--dashboard-port={dashboard_port}",
         "--disable-usage-stats",
+        *flags,
     ]
     code, stdout, stderr = await _run(command, env)
     if code != 0:

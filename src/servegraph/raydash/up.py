@@ -10,6 +10,7 @@ RayService. Exit codes: 0 running, 1 failed or timed out, 2 nothing deployed
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,9 +22,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from servegraph.dag import model
-from servegraph.graph import GraphError, load_graph
+from servegraph.graph import GraphError, decode_file, load_graph
 from servegraph.graph.servicers import GRAPH_SERVICE_SERVICER
-from servegraph.raydash import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S
+from servegraph.graph.validate import to_model
+from servegraph.raydash import DEFAULT_ADDRESS, DEFAULT_TIMEOUT_S, capacity
 from servegraph.raydash.dashboard import (
     AppState,
     DashboardError,
@@ -45,15 +47,19 @@ def render(
 ) -> tuple[str, dict[str, Any]]:
     """The serveConfigV2 string for the graph at `path`, and the config `up` sends: its parse.
 
-    Sending the parse of the very string the operator puts in a RayService is
-    what makes `up` and the operator deploy the same thing; only the ports may
-    differ, for a machine where the defaults are taken.
+    Sending the parse of the very string the operator puts in a RayService (of a
+    ServeGraph with canaries on: ready for one) is what makes `up` and the operator
+    deploy the same thing; only the ports may differ, for a machine where the
+    defaults are taken.
     """
     return _render(load_graph(path), http_port=http_port, grpc_port=grpc_port)
 
 
 def _render(graph: model.Graph, *, http_port: int, grpc_port: int) -> tuple[str, dict[str, Any]]:
-    text = serve_config_yaml(graph, http_port=http_port, grpc_port=grpc_port)
+    """Ready for a canary (`render.canary.ready`: fixed replicas written as a pinned
+    autoscaling_config), so `servegraph canary` can later run a version beside it without
+    restarting what runs."""
+    text = serve_config_yaml(graph, http_port=http_port, grpc_port=grpc_port, ready=True)
     return text, yaml.safe_load(text)
 
 
@@ -68,12 +74,14 @@ async def up(
     grpc_port: int = SERVE_GRPC_PORT,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    data: bytes | None = None,
 ) -> int:
     """Serve applies the ports only when it starts: on a cluster where it runs, they stay
-    what they were (the printed URLs say Serve's real HTTP port)."""
+    what they were (the printed URLs say Serve's real HTTP port). `data`: the graph's bytes
+    when they come from stdin, `path` then only names them."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        graph = load_graph(path)
+        graph = load_graph(path) if data is None else to_model(decode_file(data, ""))
         _, config = _render(graph, http_port=http_port, grpc_port=grpc_port)
     except GraphError as e:
         for problem in e.problems:  # the CLI's format: one problem a line
@@ -83,9 +91,22 @@ async def up(
         print(f"servegraph up: {path}: {e.strerror or e}", file=err)
         return 2
 
+    want = capacity.needs(graph)
     try:
-        token = await ensure_dashboard(address, resolve_token(token), start_local=start_local, err=err)
+        token = await ensure_dashboard(
+            address,
+            resolve_token(token),
+            start_local=start_local,
+            err=err,
+            head_flags=capacity.local_head_flags(want, os.cpu_count() or 1),
+        )
         async with RayDashboard(address, token) as dash:
+            short = capacity.shortfall(want, await _alive_resources(dash))
+            if short:
+                for line in short:
+                    print(f"servegraph up: {line}; nothing deployed", file=err)
+                print(f"servegraph up: {_bigger(short, start_local)}", file=err)
+                return 2
             print(f"servegraph up: deploying {_app_list(config)} to {address}", file=err, flush=True)
             await dash.put_applications(config)
             outcome = await wait_until_running(dash, _app_names(config), timeout_s=timeout_s, err=err)
@@ -105,6 +126,33 @@ async def up(
         print(f"{name}: {url}", file=out)
     print(grpc_line(outcome.state, graph_service_apps(graph), address), file=err)
     return 0
+
+
+NODES_WAIT_S = 15.0
+"""How long a head that answers but lists no node with resources yet (just started) is given."""
+
+
+async def _alive_resources(dash: RayDashboard) -> list[Mapping[str, float]]:
+    """The live nodes' resources; a head that answers before its own raylet registered lists
+    none for a moment (seen: `up` right after `ray start` refused a graph, "the cluster has
+    0 CPU"), so an empty list is read again for a while before it is believed."""
+    deadline = asyncio.get_running_loop().time() + NODES_WAIT_S
+    while True:
+        found = capacity.alive_resources(await dash.nodes())
+        if any(found) or asyncio.get_running_loop().time() >= deadline:
+            return found
+        await asyncio.sleep(0.5)
+
+
+def _bigger(short: Sequence[str], start_local: bool) -> str:
+    """What to do about a cluster that is too small."""
+    gpus = any(" GPU" in line for line in short)
+    if start_local and not gpus:
+        return "a Ray head already runs there: `ray stop`, then `up --start-local` starts one sized for the graph"
+    return (
+        "deploy to a larger cluster (--address), or start Ray with room for it "
+        "(`ray start --head --num-cpus N --num-gpus N --memory BYTES`)"
+    )
 
 
 async def down(*, address: str = DEFAULT_ADDRESS, token: str | None = None, err: TextIO | None = None) -> int:

@@ -35,6 +35,7 @@ from servegraph.names import (
 from servegraph.render.scheduling import pod_placement
 from servegraph.render.serve_config import SERVE_GRPC_PORT, SERVE_HTTP_PORT, grpc_servicer_functions, serve_config_yaml
 from servegraph.render.upgrade import parse_quantity, stable_worker_groups
+from servegraph.runtime.payload import Limits
 
 DEFAULT_RAY_VERSION = "2.60.0"
 INCREMENTAL = "NewClusterWithIncrementalUpgrade"
@@ -46,6 +47,12 @@ MAX_NAME = 47  # KubeRay rejects longer RayService names (derived object names m
 HEAD_RESOURCES = {"cpu": "2", "memory": "8Gi"}
 # KubeRay's own default (500m/512Mi requested) does not fit beside a small head on a small node.
 AUTOSCALER_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}}
+
+GRPC_MAX_MESSAGE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"
+RAY_ENV = ({"name": GRPC_MAX_MESSAGE_ENV, "value": str(Limits().max_bytes)},)
+"""Every Ray container's environment before the ServeGraph's own (which may replace it): Ray
+Serve's gRPC proxies, on every node, refuse a message over the ingress's request limit
+(RESOURCE_EXHAUSTED) instead of Ray's 2 GiB default; read by Ray only from its environment."""
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -138,6 +145,14 @@ class RayServiceOptions:
     previous_cluster: Mapping[str, Any] | None = None
     """The running RayService's rayClusterConfig: worker groups keep its order (see
     upgrade.stable_worker_groups), so a graph change does not force a new cluster."""
+    suspend: bool = False
+    """KubeRay's own `spec.suspend` (KubeRay 1.7): it deletes the Ray clusters and keeps the
+    RayService. Rendered only when true, so a KubeRay without the field never sees it."""
+    serve_config: str | None = None
+    """The serveConfigV2 text, when it is not the graph's own: a canary's layout of several
+    versions (render/canary.py), the graph then being what the cluster must hold."""
+    canary_ready: bool = False
+    """The graph's own Serve config written ready for a canary (`canary_plan.ready`)."""
 
 
 def rayservice_name(name: str) -> str:
@@ -181,6 +196,14 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
         _worker_group(p, chosen or (DEFAULT_IMAGE + "-gpu" if p.gpus else DEFAULT_IMAGE), options.workers)
         for p in plans
     ]
+    if strategy is not None and strategy.incremental:
+        # KubeRay starts an incremental upgrade's new cluster with no `replicas`, so it begins at
+        # `minReplicas` and the autoscaler adds workers as Ray Serve's `target_capacity` rises;
+        # the old cluster sheds them as its capacity falls (rayservice_controller.go:1523 at
+        # v1.7.0). At the full count, each cluster held every worker throughout: the pods
+        # doubled. The Serve replicas hold the workers they need at every capacity.
+        for group in cluster["workerGroupSpecs"]:
+            group["minReplicas"] = 0
     # On every head, not only when applications name servicers: server-side apply leaves
     # `template.metadata: null` (refused by the CRD's schema) when the last annotation in
     # it stops being applied, as dropping it for a graph without servicers did.
@@ -196,7 +219,9 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
         spec["upgradeStrategy"] = strategy.render()
     if options.serve_service is not None:
         spec["serveService"] = dict(options.serve_service)
-    spec["serveConfigV2"] = serve_config_yaml(graph)
+    if options.suspend:
+        spec["suspend"] = True
+    spec["serveConfigV2"] = options.serve_config or serve_config_yaml(graph, ready=options.canary_ready)
     spec["rayClusterConfig"] = cluster
 
     labels = {**dict(graph.labels), **options.labels, MANAGED_BY_LABEL: MANAGED_BY}
@@ -233,6 +258,8 @@ def worker_pod_shape(resources: Mapping[str, Any] | None) -> PodShape:
                 number = parse_quantity(values[key])
             except ValueError as exc:
                 raise GraphError([Problem("spec.rayService.workers.resources", str(exc))]) from None
+            if not math.isfinite(number):
+                raise GraphError([Problem("spec.rayService.workers.resources", f"{key} {values[key]!r} is too large")])
             if number:
                 return number
         return None
@@ -273,8 +300,9 @@ def _container(
     if ports:
         container["ports"] = ports
     container["resources"] = _merged_resources(resources, overrides.resources)
-    if overrides.env:
-        container["env"] = [dict(e) for e in overrides.env]
+    own = [dict(e) for e in overrides.env]
+    named = {e.get("name") for e in own}
+    container["env"] = [e for e in RAY_ENV if e["name"] not in named] + own
     return container
 
 
@@ -334,8 +362,12 @@ def _worker_group(plan: WorkerGroupPlan, image: str, overrides: PodOverrides) ->
     start: dict[str, str] = {}
     if plan.custom_resources:
         # KubeRay pastes each parameter into a bash command line (`--resources=VALUE`):
-        # unquoted, the JSON's braces and spaces would be split by the shell.
-        start["resources"] = shlex.quote(json.dumps(dict(plan.custom_resources), sort_keys=True))
+        # unquoted, the JSON's braces and spaces would be split by the shell. The amounts are
+        # whole (the plan rounds them up) and written as integers: Ray's autoscaler refuses
+        # any other number there (`assert isinstance(value, int)`, kuberay/autoscaling_config.py)
+        # and its container crashes, which keeps the head pod unready.
+        amounts = {name: int(amount) for name, amount in plan.custom_resources}
+        start["resources"] = shlex.quote(json.dumps(amounts, sort_keys=True))
     container = _container("ray-worker", image, {"requests": dict(limits), "limits": limits}, overrides, [])
     return {
         "groupName": plan.name,

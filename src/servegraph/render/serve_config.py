@@ -22,6 +22,7 @@ import yaml
 from servegraph.dag import args, model
 from servegraph.gcpause import gc_paused
 from servegraph.graph.servicers import GRAPH_SERVICE_SERVICER
+from servegraph.render.canary_plan import ready as canary_ready
 
 SERVE_HTTP_PORT = 8000
 SERVE_GRPC_PORT = 9000
@@ -72,13 +73,19 @@ def grpc_servicer_functions(graph: model.Graph) -> list[str]:
 
 
 @gc_paused
-def serve_config_yaml(graph: model.Graph, *, http_port: int = SERVE_HTTP_PORT, grpc_port: int = SERVE_GRPC_PORT) -> str:
+def serve_config_yaml(
+    graph: model.Graph, *, http_port: int = SERVE_HTTP_PORT, grpc_port: int = SERVE_GRPC_PORT, ready: bool = False
+) -> str:
     """The exact serveConfigV2 string: same graph, byte-identical text.
 
     KubeRay re-pushes the config whenever this string changes, so determinism
     here is what keeps a steady cluster steady. See `config_yaml` for the layout.
+    `ready`: ready for a canary (`canary_plan.ready`: every deployment's replicas as an
+    autoscaling_config, so a canary can later scale an unused node to zero without
+    restarting the application).
     """
-    return config_yaml(render_serve_config(graph, http_port=http_port, grpc_port=grpc_port))
+    config = render_serve_config(graph, http_port=http_port, grpc_port=grpc_port)
+    return config_yaml(canary_ready(config) if ready else config)
 
 
 def config_yaml(config: Mapping[str, Any]) -> str:

@@ -12,8 +12,9 @@ How a request flows
     Serve turns its return value into the response, as in any Serve app.
   - A router at the ingress turns the request into a *payload* — the body
     parsed as JSON if it is valid JSON, else the body as UTF-8 text, or None
-    when the body is empty (the query string and method are not part of it) —
-    and keeps the headers (names lower-cased) for `switch` nodes. Its result
+    when the body is empty (the query string and method are not part of it),
+    within its limits (`payload.Limits`: bytes, values, depth; 413 or 400 over
+    them) — and keeps the headers (names lower-cased) for `switch` nodes. Its result
     is the response: JSON, status 200; a result that is not JSON-serializable
     gives status 500 with `{"error": ...}`.
 * Routers call user deployments with the payload only:
@@ -38,7 +39,12 @@ How a request flows
   router's result as a Python value: `await router.remote(payload)`.
 * An exception in any node propagates to the ingress; Serve answers 500. A
   node that timed out (and was not an optional ensemble member) gives a 504
-  naming it.
+  naming it. A caller is told which node failed and the error's type, never
+  its message: that goes to the replica's log (`calls.describe`, `calls.logged`).
+* During a canary the ingress router picks the version per request (pin header,
+  sticky key, weight; `ingress.py`) and every router calls a copy of the new version
+  in its side application instead of its own child where the route says
+  (`routing.py`); a side application is built by `side.py` (docs/runtime.md#canaries).
 """
 
 from typing import Any

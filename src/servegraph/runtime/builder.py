@@ -11,7 +11,7 @@ import importlib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from ray import serve
 from ray.serve import Application, Deployment
@@ -25,6 +25,7 @@ from servegraph.dag.model import (
     DeploymentKind,
     EnsembleKind,
     Node,
+    NodeKind,
     SequenceKind,
     SplitterKind,
     SwitchKind,
@@ -38,6 +39,7 @@ from servegraph.runtime.routers import (
     SplitterRouter,
     SwitchRouter,
 )
+from servegraph.runtime.serve_internals import rebind
 from servegraph.runtime.telemetry import GraphContext
 
 
@@ -54,6 +56,10 @@ def build(args: Mapping[str, Any]) -> Application:
     16 chained switches 14 GiB). So every node is first bound without arguments, then,
     parents before children, given its real ones: each pickle holds one level.
     """
+    if isinstance(args, Mapping) and "side" in args:  # a canary's copies (side.py)
+        from servegraph.runtime.side import build_side
+
+        return build_side(args)
     dag = decode(args)
     context = GraphContext(dag.graph_name or "", dag.graph_version or "", dag.telemetry)
     routers = {n.id for n in dag.nodes if not isinstance(n.kind, DeploymentKind)}
@@ -67,19 +73,19 @@ def build(args: Mapping[str, Any]) -> Application:
         raise BuildError(problems)
     streaming = streams.streaming_outputs(kinds, order)
     bound: dict[str, Application] = {}
-    pending: list[tuple[Application, _Bind]] = []
+    pending: list[tuple[Application, Bind]] = []
     takes_headers: set[str] = set()
-    edges = _Edges(bound, kinds, routers, takes_headers, streaming)
+    edges = Edges(bound, kinds, routers, takes_headers, streaming)
     for node in dag.nodes:
         if any(ref not in bound for _, ref in refs(node.kind)):
             continue  # a dependency already failed and was reported
         try:
             if isinstance(node.kind, DeploymentKind):
-                bind, asks = _bind_deployment(node.id, node.kind, bound, node.id == dag.ingress)
+                bind, asks = bind_deployment(node.id, node.kind, bound, node.id == dag.ingress)
                 if asks:
                     takes_headers.add(node.id)
             else:
-                bind = _bind_router(node, edges, context)
+                bind = bind_router(node, edges, context)
         except BuildError as e:
             problems.extend(e.problems)
             continue
@@ -88,12 +94,12 @@ def build(args: Mapping[str, Any]) -> Application:
     if problems:
         raise BuildError(problems)
     for shell, bind in reversed(pending):
-        shell._bound_deployment = bind.deployment.bind(*bind.args, **bind.kwargs)._bound_deployment
+        rebind(shell, bind.deployment.bind(*bind.args, **bind.kwargs))
     return bound[dag.ingress]
 
 
 @dataclass(frozen=True)
-class _Bind:
+class Bind:
     """A node's deployment and the arguments it is bound with once its parents are."""
 
     deployment: Deployment
@@ -102,11 +108,11 @@ class _Bind:
 
 
 @dataclass(frozen=True)
-class _Edges:
+class Edges:
     """What a router needs to know of the nodes below it to call them."""
 
     bound: Mapping[str, Application]
-    kinds: Mapping[str, Any]
+    kinds: Mapping[str, NodeKind]
     routers: set[str]
     takes_headers: set[str]
     streaming: frozenset[str]
@@ -144,6 +150,10 @@ class _Edges:
                 case SplitterKind():
                     routes = tuple(self.child(r, kind.call(i), depth + 1) for i, (r, _) in enumerate(kind.routes))
                     choice = SplitChoice(routes, tuple(w for _, w in kind.routes))
+                case DeploymentKind() | SequenceKind() | EnsembleKind():
+                    pass  # called through its own replica: nothing for the router above to decide
+                case _:
+                    assert_never(kind)
         self.choices[key] = choice
         return choice
 
@@ -153,7 +163,7 @@ class _Edges:
 MAX_CHOICE_DEPTH = 8
 
 
-def _bind_router(node: Node, edges: _Edges, context: GraphContext) -> _Bind:
+def bind_router(node: Node, edges: Edges, context: GraphContext) -> Bind:
     kind = node.kind
     assert not isinstance(kind, DeploymentKind)
     # Only a streaming router is told so: every other router is bound exactly as before streams existed.
@@ -165,30 +175,30 @@ def _bind_router(node: Node, edges: _Edges, context: GraphContext) -> _Bind:
     match kind:
         case SequenceKind():
             steps = [child(i, s) for i, s in enumerate(kind.steps)]
-            return _Bind(_router(SequenceRouter, node.id), (node.id, steps), {"context": context, **streams})
+            return Bind(_router(SequenceRouter, node.id), (node.id, steps), {"context": context, **streams})
         case EnsembleKind():
             members = [child(i, m) for i, m in enumerate(kind.members)]
             combiner = child(len(members), kind.combiner) if kind.combiner is not None else None
-            return _Bind(
-                _router(EnsembleRouter, node.id), (node.id, members, combiner), {"context": context, **streams}
-            )
+            return Bind(_router(EnsembleRouter, node.id), (node.id, members, combiner), {"context": context, **streams})
         case SwitchKind():
             cases = [(equals, child(i, ref)) for i, (equals, ref) in enumerate(kind.cases)]
             default = child(len(cases), kind.default)
             options = {"field": kind.field, "header": kind.header, "context": context, **streams}
-            return _Bind(_router(SwitchRouter, node.id), (node.id, cases, default), options)
+            return Bind(_router(SwitchRouter, node.id), (node.id, cases, default), options)
         case SplitterKind():
             routes = [(child(i, r), w) for i, (r, w) in enumerate(kind.routes)]
-            return _Bind(_router(SplitterRouter, node.id), (node.id, routes), {"context": context, **streams})
+            return Bind(_router(SplitterRouter, node.id), (node.id, routes), {"context": context, **streams})
+        case _:
+            assert_never(kind)
 
 
 def _router(cls: type, node_id: str) -> Deployment:
     return serve.deployment(name=node_id)(cls)
 
 
-def _bind_deployment(
+def bind_deployment(
     node_id: str, kind: DeploymentKind, bound: Mapping[str, Application], ingress: bool
-) -> tuple[_Bind, bool]:
+) -> tuple[Bind, bool]:
     """The deployment with its arguments, and whether its `__call__` asks for the forwarded headers.
 
     User code at the ingress also answers GraphService (`grpc_ingress.py`)."""
@@ -203,7 +213,7 @@ def _bind_deployment(
         served = with_graph_service(target, node_id, asks)
         if served is not target:
             deployment = deployment.options(func_or_class=served)
-    return _Bind(deployment, tuple(args), kwargs), asks
+    return Bind(deployment, tuple(args), kwargs), asks
 
 
 def takes_headers(target: Any) -> bool:

@@ -9,11 +9,17 @@ A streaming child is called with `stream=True` (`invoke_stream`): the edge's tim
 bounds the wait for the first item and each wait between items, a failure is retried
 only before the first item (after it, items have gone downstream), and a consumer that
 stops early (a client that went away) cancels the child's generator.
+
+What a caller is told of a failure is the node and the error's type, never its message
+(`describe`): an exception's text is whatever user code put there, a connection string
+with its password as likely as anything. The message goes to the replica's log
+(`logged`), where the router that turns the failure into an answer writes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +27,8 @@ from typing import Any
 from servegraph.dag.model import DEFAULT_CALL, Call
 from servegraph.runtime.choice import Choice
 from servegraph.runtime.payload import Headers
+
+logger = logging.getLogger("ray.serve")
 
 
 @dataclass(frozen=True)
@@ -93,15 +101,22 @@ def failed_of(exc: BaseException) -> NodeFailed | None:
 
 
 def failure_body(exc: BaseException, fallback_node: str) -> dict[str, Any]:
-    """What a client is told about `exc`: the node that failed or timed out and why."""
+    """What a client is told about `exc`: the node that failed or timed out, and the error's type."""
     known = timeout_of(exc) or failed_of(exc)
-    return (known or NodeFailed(fallback_node, describe(exc))).body()
+    return (known or NodeFailed(fallback_node, logged(exc, fallback_node))).body()
 
 
 def describe(exc: BaseException) -> str:
-    """`Type: message` of what user code raised (Ray wraps it; its traceback stays in the logs)."""
+    """The type of what user code raised (Ray wraps it): all a caller is told of it."""
     cause = getattr(exc, "cause", None) or exc
-    return f"{type(cause).__name__}: {cause}"
+    return type(cause).__name__
+
+
+def logged(exc: BaseException, node: str) -> str:
+    """`describe(exc)`, after writing its message to this replica's log for the administrator."""
+    cause = getattr(exc, "cause", None) or exc
+    logger.warning('servegraph node "%s" failed: %s: %s', node, type(cause).__name__, cause)
+    return describe(exc)
 
 
 def timeout_of(exc: BaseException) -> NodeTimeout | None:

@@ -14,37 +14,44 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
 from servegraph.runtime.calls import failure_body
-from servegraph.runtime.payload import Headers
+from servegraph.runtime.payload import Headers, Limits, PayloadRefused, collect
 
 
 def with_graph_service(cls: Any, node_id: str, takes_headers: bool) -> Any:
     """`cls` with GraphService's `Call` and `Stream`, or `cls` itself when it has its own."""
     if inspect.isfunction(cls):
-        cls = _as_class(cls)
+        cls = as_class(cls)
     if not inspect.isclass(cls) or hasattr(cls, "Call") or hasattr(cls, "Stream"):
         return cls
 
-    async def Call(self: Any, request: Any) -> Any:
+    async def Call(self: Any, request: Any, grpc_context: Any = None) -> Any:
         from servegraph.runtime import grpcwire
 
-        payload, headers = grpcwire.unpack(request)
+        limits = Limits.from_env()
         try:
+            payload, headers = grpcwire.unpack(request, limits, grpc_context)
             result = _invoke(self, payload, headers, takes_headers)
-            if inspect.isasyncgen(result):
-                return grpcwire.result([item async for item in result])
-            if inspect.isgenerator(result):
-                return grpcwire.result(list(result))
+            if inspect.isasyncgen(result) or inspect.isgenerator(result):
+                async with aclosing(_async(result)) as items:
+                    return grpcwire.result(await collect(items, limits))
             return grpcwire.result(await result if inspect.isawaitable(result) else result)
+        except PayloadRefused as e:
+            return grpcwire.refused(e, grpc_context)
         except Exception as e:
             return grpcwire.failed(failure_body(e, node_id))
 
-    async def Stream(self: Any, request: Any) -> AsyncGenerator[Any, None]:
+    async def Stream(self: Any, request: Any, grpc_context: Any = None) -> AsyncGenerator[Any, None]:
         from servegraph.runtime import grpcwire
 
-        payload, headers = grpcwire.unpack(request)
+        try:
+            payload, headers = grpcwire.unpack(request, Limits.from_env(), grpc_context)
+        except PayloadRefused as e:
+            yield grpcwire.stream_refused(e, grpc_context)
+            return
         try:
             result = _invoke(self, payload, headers, takes_headers)
             if inspect.isasyncgen(result):
@@ -62,11 +69,25 @@ def with_graph_service(cls: Any, node_id: str, takes_headers: bool) -> Any:
     return type(cls.__name__, (cls,), {"Call": Call, "Stream": Stream, "__doc__": cls.__doc__})
 
 
+async def _async(items: Any) -> AsyncGenerator[Any, None]:
+    """A generator, sync or async, as an async one that closes it when it is closed."""
+    if inspect.isasyncgen(items):
+        async with aclosing(items):
+            async for item in items:
+                yield item
+    else:
+        try:
+            for item in items:
+                yield item
+        finally:
+            items.close()
+
+
 def _invoke(instance: Any, payload: Any, headers: Headers, takes_headers: bool) -> Any:
     return instance(payload, headers=headers) if takes_headers else instance(payload)
 
 
-def _as_class(fn: Any) -> type:
+def as_class(fn: Any) -> type:
     """A class whose `__call__` is `fn`, of the same kind (async, generator, ...), so Serve
     calls it exactly as it called the function."""
     if inspect.isasyncgenfunction(fn):

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
-from servegraph.runtime.calls import Child, NodeTimeout, timeout_of
+from servegraph.runtime.calls import Child, NodeTimeout, logged, timeout_of
 from servegraph.runtime.choice import SplitChoice, SwitchChoice
 from servegraph.runtime.payload import Headers
 from servegraph.runtime.router import Router, json_response
@@ -136,8 +136,7 @@ class EnsembleRouter(Router):
             timed_out = timeout_of(e)
             if timed_out is not None:
                 return timed_out.body()
-            cause = getattr(e, "cause", None) or e
-            return {"error": f'node "{member.id}" failed: {type(cause).__name__}: {cause}', "node": member.id}
+            return {"error": f'node "{member.id}" failed: {logged(e, member.id)}', "node": member.id}
 
 
 class SwitchRouter(Router):

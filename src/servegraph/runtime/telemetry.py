@@ -62,7 +62,29 @@ class EdgeMetrics:
     edge's own or one further down), else `error`.
     """
 
-    def __init__(self, context: GraphContext) -> None:
+    requests: Any
+    errors: Any
+    retries: Any
+    latency: Any
+    streams: Any
+    items: Any
+    first_items: Any
+
+    def __init__(self, context: GraphContext, version: str | None = None, shared: EdgeMetrics | None = None) -> None:
+        self.version = version
+        """The `graph_version` every record of this view carries (None: the default tag)."""
+        self._tags: dict[tuple[str, ...], dict[str, str]] = {}
+        self._views: dict[str, EdgeMetrics] = {}
+        self.context = context
+        if shared is not None:
+            self.requests, self.errors, self.retries, self.latency = (
+                shared.requests,
+                shared.errors,
+                shared.retries,
+                shared.latency,
+            )
+            self.streams, self.items, self.first_items = shared.streams, shared.items, shared.first_items
+            return
         from ray.serve import metrics as serve_metrics  # a Ray module, already loaded with ray.serve
 
         metrics: Any = serve_metrics  # its stubs say tag_keys is a 1-tuple
@@ -83,10 +105,21 @@ class EdgeMetrics:
             FIRST_ITEM, "Time from a streaming call to its first item", LATENCY_BUCKETS_MS, EDGE_TAGS
         )
         self.label(context)
-        self._tags: dict[tuple[str, ...], dict[str, str]] = {}
+
+    def at(self, version: str) -> EdgeMetrics:
+        """The same metrics, every record labelled with `version`: during a canary a router
+        serves two versions, and each request's edges carry the one that served it."""
+        if version == self.context.version:
+            return self
+        view = self._views.get(version)
+        if view is None:
+            view = self._views[version] = EdgeMetrics(self.context, version, self)
+        return view
 
     def label(self, context: GraphContext) -> None:
         """Label every later record with this graph and version (a router's `reconfigure`)."""
+        self.context = context
+        self._views.clear()
         defaults = {"graph": context.graph, "graph_version": context.version}
         for metric in (
             self.requests,
@@ -108,6 +141,8 @@ class EdgeMetrics:
                 if reason is None
                 else {"caller": caller, "node": node, "reason": reason}
             )
+            if self.version is not None:
+                tags["graph_version"] = self.version
             self._tags[key] = tags
         return tags
 

@@ -16,110 +16,28 @@ operator's log only.
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
+from dataclasses import dataclass
 
 import aiohttp
 import yarl
 
+from servegraph.source.answer import response
 from servegraph.source.guard import SourcePolicy, SourceRefused, forbidden_cause, refusal_message, safe_url
+from servegraph.source.request import Fetched, FetchError, FetchRequest, Limits
+from servegraph.source.trust import InvalidBundle, TrustStore
 
-REDIRECTS = frozenset({301, 302, 303, 307, 308})
-RETRYABLE = frozenset({429, 500, 502, 503, 504})
-MAX_REDIRECTS = 5
-CHUNK = 64 * 1024
-MiB = 1024 * 1024
-
-
-class FetchError(Exception):
-    """A download failed; `reason` is a CamelCase word for conditions and metrics.
-
-    The message is what a tenant sees (status, Events); `detail` adds what only the
-    administrator may see (the operator's log, `servegraph fetch -v`). Neither ever
-    holds the token.
-    """
-
-    def __init__(
-        self,
-        reason: str,
-        message: str,
-        *,
-        retryable: bool,
-        status: int | None = None,
-        retry_after: float | None = None,
-        detail: str = "",
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.retryable = retryable
-        self.status = status
-        self.retry_after = retry_after
-        self.detail = detail or message
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The administrator's ceilings on one download, whatever a ServeGraph asks for.
-
-    `max_bytes` stays well below what the operator's memory holds (a body is kept
-    whole while it is hashed and parsed, by at most `workers` downloads at once);
-    `deadline_s` bounds the time one download can hold a worker.
-    """
-
-    max_bytes: int = 16 * MiB
-    deadline_s: float = 60.0
-
-    def clamp(self, timeout_s: float, max_bytes: int) -> tuple[float, int]:
-        return min(timeout_s, self.deadline_s), min(max_bytes, self.max_bytes)
-
-
-@dataclass(frozen=True)
-class FetchRequest:
-    url: str
-    token: str = field(repr=False)
-    etag: str | None = None
-    timeout_s: float = 30.0
-    """The deadline of the whole download: all redirects, retries and backoffs."""
-    max_bytes: int = 16 * MiB
-    ca_pem: str | None = None
-    allow_insecure_http: bool = False
-    attempts: int = 4
-    backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """A 200 (body set) or a 304 (`not_modified`, body empty)."""
-
-    not_modified: bool
-    body: bytes
-    etag: str | None
-    digest: str
-    status: int
-    url: str
-
+__all__ = ["FetchError", "FetchRequest", "Fetched", "Limits", "RegistryClient", "check_token"]
 
 Observer = Callable[[int | None, float, int], None]
 """Called after each attempt with (status or None on connection error, seconds, bytes)."""
 
 
-@functools.lru_cache(maxsize=64)
-def ssl_context(ca_pem: str | None) -> ssl.SSLContext:
-    """Verified TLS: the system CAs, or only the given bundle.
-
-    Cached: building a context costs milliseconds, and aiohttp pools connections
-    per context, so one context per bundle is what lets downloads reuse them.
-    """
-    if ca_pem:
-        return ssl.create_default_context(cadata=ca_pem)
-    return ssl.create_default_context()
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5
 
 
 def check_token(token: str) -> str:
@@ -139,7 +57,8 @@ class RegistryClient:
 
     The session's connector applies the policy to every connection, so no caller
     can download around it. One client serves every tenant, so it keeps nothing from
-    one download to the next but pooled connections: no cookies.
+    one download to the next but pooled connections and the TLS contexts of CA bundles
+    (by digest: the same bytes trust the same registries, whoever sends them): no cookies.
     """
 
     def __init__(
@@ -152,6 +71,7 @@ class RegistryClient:
         self.policy = policy or SourcePolicy()
         self.observe = observe
         self.sleep = sleep
+        self.trust = TrustStore()
         # No session timeout: the request's deadline governs, over every hop and retry.
         # No cookie jar: the session serves every tenant, and a cookie one registry sets
         # (for a parent domain, or for a host whose other ports answer too) would go
@@ -186,14 +106,9 @@ class RegistryClient:
     async def _fetch(self, req: FetchRequest) -> Fetched:
         token = check_token(req.token)
         try:
-            context = ssl_context(req.ca_pem)
-        except (ssl.SSLError, ValueError) as exc:
-            raise FetchError(
-                "InvalidCABundle",
-                "the CA bundle is not valid PEM certificates",
-                retryable=False,
-                detail=getattr(exc, "reason", None) or type(exc).__name__,
-            ) from None
+            context = await self.trust.context(req.ca_pem)
+        except InvalidBundle as exc:
+            raise FetchError("InvalidCABundle", str(exc), retryable=False, detail=exc.detail) from None
         url = self._check(req.url, req.allow_insecure_http)
         deadline = asyncio.get_running_loop().time() + req.timeout_s
         last: FetchError | None = None
@@ -260,7 +175,7 @@ class RegistryClient:
                             ) from None
                         state.responded = False
                         continue
-                    return await _response(resp, req, str(url))
+                    return await response(resp, req, str(url))
             except (FetchError, TimeoutError):
                 raise
             except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -327,62 +242,6 @@ def _cause(exc: BaseException) -> str:
     cause = getattr(exc, "os_error", None) or exc
     text = getattr(cause, "strerror", None) or getattr(cause, "reason", None)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-async def _response(resp: aiohttp.ClientResponse, req: FetchRequest, url: str) -> Fetched:
-    where = safe_url(url)
-    if resp.status == 304:
-        return Fetched(True, b"", req.etag, "", 304, where)
-    if resp.status != 200:
-        raise FetchError(
-            _reason(resp.status),
-            f"{where} answered HTTP {resp.status}",
-            retryable=resp.status in RETRYABLE,
-            status=resp.status,
-            retry_after=_retry_after(resp.headers.get("Retry-After")),
-        )
-    length = resp.content_length
-    if length is not None and length > req.max_bytes:
-        # Not the length itself: it would tell a tenant the size of what any endpoint answers.
-        raise FetchError(
-            "TooLarge",
-            f"{where} sends a body over the limit of {req.max_bytes} bytes",
-            retryable=False,
-            status=200,
-            detail=f"{where} announced {length} bytes, over the limit of {req.max_bytes}",
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(CHUNK):
-        size += len(chunk)
-        if size > req.max_bytes:
-            raise FetchError(
-                "TooLarge",
-                f"{where} sent more than the limit of {req.max_bytes} bytes; download aborted",
-                retryable=False,
-                status=200,
-            )
-        chunks.append(chunk)
-    data = b"".join(chunks)
-    chunks.clear()  # one copy of the body from here on
-    return Fetched(False, data, resp.headers.get("ETag"), hashlib.sha256(data).hexdigest(), 200, where)
-
-
-def _reason(status: int) -> str:
-    return {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 429: "RateLimited"}.get(status, f"HTTP{status}")
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
 
 
 def _origin(url: yarl.URL) -> tuple[str, str, int | None]:

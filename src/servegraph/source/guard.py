@@ -33,7 +33,7 @@ import fnmatch
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -336,9 +336,3 @@ def forbidden_cause(exc: BaseException) -> ForbiddenAddress | str | None:
     if found is not None:
         return found
     return REFUSED if any(REFUSED in str(e) for e in chain) else None
-
-
-def parse_networks(text: str | Sequence[str]) -> list[str]:
-    """A comma-separated flag value as a list of entries."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    return [i.strip() for i in items if i.strip()]

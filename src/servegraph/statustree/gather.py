@@ -13,6 +13,7 @@ why one is not running; without permission to read them the tree says so.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,15 @@ class GatherError(Exception):
 
 
 async def gather(
-    name: str, namespace: str | None, *, kubeconfig: str | None = None, live_replicas: bool = True
+    name: str,
+    namespace: str | None,
+    *,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    live_replicas: bool = True,
 ) -> Snapshot:
-    namespace = namespace or default_namespace(kubeconfig)
-    api = await connect(kubeconfig)
+    namespace = namespace or default_namespace(kubeconfig, context)
+    api = await connect(kubeconfig, context)
     try:
         custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         servegraph = await _read(
@@ -75,10 +81,13 @@ async def gather(
         await api.close()
 
 
-def default_namespace(kubeconfig: str | None) -> str:
-    """The kubeconfig's current context's namespace, the pod's own in a cluster, else `default`."""
+def default_namespace(kubeconfig: str | None, context: str | None = None) -> str:
+    """The namespace of the kubeconfig's `context` (else its current one), the pod's own in
+    a cluster, else `default`: where kubectl would look."""
     try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
+        if context:
+            active = next((c for c in contexts or () if c.get("name") == context), None)
         namespace = (active or {}).get("context", {}).get("namespace")
         if namespace:
             return str(namespace)

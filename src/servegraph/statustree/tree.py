@@ -13,11 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, assert_never
 
-import yaml
-
-from servegraph.dag.args import BuildError, decode, refs
+from servegraph.dag.args import BuildError, decode, decode_side, refs
 from servegraph.dag.model import (
     Call,
     DeploymentKind,
@@ -30,7 +28,10 @@ from servegraph.dag.model import (
 from servegraph.dag.streams import streaming_outputs
 from servegraph.dag.text import call_text, kind_label
 from servegraph.names import ConditionType
+from servegraph.render.serve_text import read_config
 from servegraph.statustree import pods
+from servegraph.statustree.age import age
+from servegraph.statustree.canary import canary_lines
 
 HISTORY_SHOWN = 5
 
@@ -68,7 +69,7 @@ def render(snap: Snapshot, now: datetime) -> str:
     if graph:
         lines.append(
             f"Graph:         {graph.get('name')}  version {graph.get('version')!r}  {graph.get('digest', '')}  "
-            f"({graph.get('applications')} applications, {graph.get('nodes')} nodes)"
+            f"({_count(graph.get('applications'), 'application')}, {_count(graph.get('nodes'), 'node')})"
         )
     else:
         lines.append("Graph:         none applied yet")
@@ -82,15 +83,10 @@ def render(snap: Snapshot, now: datetime) -> str:
     rollout = status.get("rollout")
     if rollout:
         lines.append(f"Rollout:       {rollout_line(rollout, now)}")
+        lines += canary_lines(rollout, now)
     else:
         lines.append(f"Last rollout:  {last_rollout(snap.events, now)}")
-    upgrade = status.get("upgrade")
-    if upgrade:
-        pending = ", ".join(f"{a}: {s}" for a, s in (upgrade.get("applications") or {}).items()) or "starting"
-        lines.append(
-            f"Upgrade:       Ray cluster {upgrade.get('pendingRayCluster') or '(pending)'} ({pending}); "
-            f"{upgrade.get('activeRayCluster') or 'the active cluster'} serves the previous version"
-        )
+    lines += upgrade_lines(status.get("upgrade"))
     lines += pending_lines(status.get("pending"), clusters)
     lines += ["Conditions:", *_conditions(status, now)]
     stuck = pods.lines(snap.pods)
@@ -106,6 +102,33 @@ def render(snap: Snapshot, now: datetime) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _count(n: Any, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def upgrade_lines(upgrade: Mapping[str, Any] | None) -> list[str]:
+    """KubeRay's new-cluster upgrade (status.upgrade); with the incremental one, where each
+    cluster's share of the requests and target capacity stand, and a rollback."""
+    if not upgrade:
+        return []
+    apps = ", ".join(f"{a}: {s}" for a, s in (upgrade.get("applications") or {}).items()) or "starting"
+    new = upgrade.get("pendingRayCluster") or "(pending)"
+    old = upgrade.get("activeRayCluster") or "the active cluster"
+    shares = upgrade.get("incremental")
+    if not shares:
+        return [f"Upgrade:       Ray cluster {new} ({apps}); {old} serves the previous version"]
+    what = "rolling back to" if upgrade.get("rollingBack") else "incremental, from"
+    out = [f"Upgrade:       Ray cluster {new} ({apps}); {what} {old}"]
+    for cluster, share in ((new, shares.get("pending") or {}), (old, shares.get("active") or {})):
+        routed, capacity = share.get("trafficRoutedPercent"), share.get("targetCapacity")
+        out.append(
+            f"  {cluster}: {'?' if routed is None else routed} % of requests, "
+            f"target capacity {'?' if capacity is None else capacity} %"
+            + (f", moved {share['lastTrafficMigratedTime']}" if share.get("lastTrafficMigratedTime") else "")
+        )
+    return out
+
+
 def pending_lines(pending: Mapping[str, Any] | None, clusters: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The Ray cluster KubeRay is starting (status.pending): how far it got, and its problem, as
     KubeRay keeps the RayCluster now."""
@@ -117,21 +140,6 @@ def pending_lines(pending: Mapping[str, Any] | None, clusters: Mapping[str, Mapp
     if problem:
         out.append(f"               ! {problem}")
     return out
-
-
-def age(timestamp: str | None, now: datetime) -> str:
-    """`3m`, `2h`, like kubectl's AGE; `?` for a missing or unreadable time."""
-    if not timestamp:
-        return "?"
-    try:
-        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return "?"
-    seconds = max(0, int((now - then).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * 2 or (unit == "m" and seconds >= size):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def rollout_line(rollout: Mapping[str, Any], now: datetime) -> str:
@@ -157,11 +165,20 @@ def _history(history: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
             str(h.get("digest", ""))[:12],
             age(h.get("appliedAt"), now),
             age(h.get("readyAt"), now) if h.get("readyAt") else "-",
-            str(h.get("message") or "")[:100],
+            (_cluster_note(h) + str(h.get("message") or ""))[:100],
         )
         for h in history[:HISTORY_SHOWN]
     ]
     return _table([("VERSION", "OUTCOME", "DIGEST", "APPLIED", "READY", "MESSAGE"), *rows], indent="  ")
+
+
+def _cluster_note(entry: Mapping[str, Any]) -> str:
+    """`Ray cluster X rolled back at 25 %: ` for a version whose new cluster KubeRay rolled back."""
+    cluster = entry.get("rayCluster") or {}
+    if cluster.get("outcome") != "RolledBack":
+        return ""
+    peak = cluster.get("peakTrafficPercent")
+    return f"Ray cluster {cluster.get('name', '')} rolled back" + (f" at {peak} %" if peak else "") + ": "
 
 
 def last_rollout(events: Sequence[Mapping[str, Any]], now: datetime) -> str:
@@ -225,7 +242,7 @@ def graph_tree(snap: Snapshot) -> list[str]:
     # serveConfigV2 is what a cluster KubeRay is starting deploys: its statuses, when reported, are this config's.
     pending = status.get("pending") or {}
     serve_apps = (snap.serve or {}).get("applications") or {}
-    for raw in (yaml.safe_load(config_text) or {}).get("applications") or []:
+    for raw in (read_config(config_text) or {}).get("applications") or []:
         name = str(raw.get("name", ""))
         starting = name in (pending.get("applications") or {})
         app_status = (pending["applications"] if starting else status_apps).get(name) or {}
@@ -233,24 +250,51 @@ def graph_tree(snap: Snapshot) -> list[str]:
         out.append(f"{name}  {raw.get('route_prefix', '')}  {app_status.get('status', 'NOT REPORTED')}{where}")
         if app_status.get("message"):
             out.append(f"  ! {_one_line(app_status['message'])}")
+        options = {str(d.get("name")): d for d in raw.get("deployments") or [] if isinstance(d, Mapping)}
+        live = {} if starting else serve_apps.get(name) or {}  # the active cluster's replicas are not these
+        if "side" in (raw.get("args") or {}):
+            out += _side_rows(name, raw.get("args") or {}, options, app_status, live)
+            continue
         try:
             decoded = decode(raw.get("args") or {})
         except BuildError as exc:
             out.append(f"  cannot read the graph from serveConfigV2: {exc.problems[0]}")
             continue
-        options = {str(d.get("name")): d for d in raw.get("deployments") or [] if isinstance(d, Mapping)}
         nodes = {n.id: n for n in decoded.nodes}
         streaming = streaming_outputs({i: n.kind for i, n in nodes.items()}, nodes)
         app = _App(name, raw.get("route_prefix", ""), decoded.ingress, nodes, options, streaming)
         rows: list[tuple[str, ...]] = [("NODE", "KIND", "STATE", "REPLICAS", "")]
         notes: list[tuple[int, str]] = []
-        live = {} if starting else serve_apps.get(name) or {}  # the active cluster's replicas are not these
         _walk(app, app.ingress, "", "", None, set(), rows, notes, app_status, live)
         table = _table(rows, indent="  ")
         for i, line in enumerate(table):
             out.append(line)
             out.extend(f"  {' ' * 4}! {note}" for at, note in notes if at == i)
     return out
+
+
+def _side_rows(
+    name: str,
+    args: Mapping[str, Any],
+    options: Mapping[str, Mapping[str, Any]],
+    app_status: Mapping[str, Any],
+    live: Mapping[str, Any],
+) -> list[str]:
+    """A canary's side application: its version's copies of the nodes that differ from the
+    base's (the rest of its graph is the base application's own deployments)."""
+    try:
+        side = decode_side(args)
+    except BuildError as exc:
+        return [f"  cannot read the canary's copies from serveConfigV2: {exc.problems[0]}"]
+    nodes = {n.id: n for n in side.nodes}
+    app = _App(name, "", side.roots[0] if side.roots else "", nodes, options, frozenset())
+    rows: list[tuple[str, ...]] = [("NODE", "KIND", "STATE", "REPLICAS", "")]
+    for node_id in sorted(side.copies):
+        deployment = (app_status.get("deployments") or {}).get(node_id) or {}
+        state = deployment.get("status", "")
+        note = _one_line(deployment["message"]) if deployment.get("message") and state != "HEALTHY" else ""
+        rows.append((node_id, kind_label(nodes[node_id].kind, False), state, _replicas(app, node_id, live), note))
+    return [f"  copies of application {side.app}'s nodes, as a canary's version has them:", *_table(rows, "  ")]
 
 
 def _walk(
@@ -303,6 +347,8 @@ def _children(node: Node) -> list[tuple[str, str, Call | None]]:
             labels = [f"[= {equals!r}]" for equals, _ in kind.cases] + ["[default]"]
         case SplitterKind():
             labels = [f"[{weight}%]" for _, weight in kind.routes]
+        case _:
+            assert_never(kind)
     return [(ref, labels[i], kind.call(i)) for i, (_, ref) in enumerate(refs(kind))]
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bservegraph/v1/service.proto\x12\rservegraph.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xa0\x01\n\x0b\x43\x61llRequest\x12\'\n\x07payload\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x38\n\x07headers\x18\x02 \x03(\x0b\x32\'.servegraph.v1.CallRequest.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"[\n\x0c\x43\x61llResponse\x12&\n\x06result\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.servegraph.v1.Error\"\xa4\x01\n\rStreamRequest\x12\'\n\x07payload\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12:\n\x07headers\x18\x02 \x03(\x0b\x32).servegraph.v1.StreamRequest.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"[\n\x0eStreamResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.servegraph.v1.Error\"9\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x32\x98\x01\n\x0cGraphService\x12?\n\x04\x43\x61ll\x12\x1a.servegraph.v1.CallRequest\x1a\x1b.servegraph.v1.CallResponse\x12G\n\x06Stream\x12\x1c.servegraph.v1.StreamRequest\x1a\x1d.servegraph.v1.StreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bservegraph/v1/service.proto\x12\rservegraph.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xa4\x01\n\x0b\x43\x61llRequest\x12\'\n\x07payload\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12<\n\x07headers\x18\x02 \x03(\x0b\x32\'.servegraph.v1.CallRequest.HeadersEntryB\x02\x18\x01\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"[\n\x0c\x43\x61llResponse\x12&\n\x06result\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.servegraph.v1.Error\"\xa8\x01\n\rStreamRequest\x12\'\n\x07payload\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12>\n\x07headers\x18\x02 \x03(\x0b\x32).servegraph.v1.StreamRequest.HeadersEntryB\x02\x18\x01\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"[\n\x0eStreamResponse\x12$\n\x04item\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x14.servegraph.v1.Error\"9\n\x05\x45rror\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x32\x98\x01\n\x0cGraphService\x12?\n\x04\x43\x61ll\x12\x1a.servegraph.v1.CallRequest\x1a\x1b.servegraph.v1.CallResponse\x12G\n\x06Stream\x12\x1c.servegraph.v1.StreamRequest\x1a\x1d.servegraph.v1.StreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,22 +34,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CALLREQUEST_HEADERSENTRY']._loaded_options = None
   _globals['_CALLREQUEST_HEADERSENTRY']._serialized_options = b'8\001'
+  _globals['_CALLREQUEST'].fields_by_name['headers']._loaded_options = None
+  _globals['_CALLREQUEST'].fields_by_name['headers']._serialized_options = b'\030\001'
   _globals['_STREAMREQUEST_HEADERSENTRY']._loaded_options = None
   _globals['_STREAMREQUEST_HEADERSENTRY']._serialized_options = b'8\001'
+  _globals['_STREAMREQUEST'].fields_by_name['headers']._loaded_options = None
+  _globals['_STREAMREQUEST'].fields_by_name['headers']._serialized_options = b'\030\001'
   _globals['_CALLREQUEST']._serialized_start=77
-  _globals['_CALLREQUEST']._serialized_end=237
-  _globals['_CALLREQUEST_HEADERSENTRY']._serialized_start=191
-  _globals['_CALLREQUEST_HEADERSENTRY']._serialized_end=237
-  _globals['_CALLRESPONSE']._serialized_start=239
-  _globals['_CALLRESPONSE']._serialized_end=330
-  _globals['_STREAMREQUEST']._serialized_start=333
-  _globals['_STREAMREQUEST']._serialized_end=497
-  _globals['_STREAMREQUEST_HEADERSENTRY']._serialized_start=191
-  _globals['_STREAMREQUEST_HEADERSENTRY']._serialized_end=237
-  _globals['_STREAMRESPONSE']._serialized_start=499
-  _globals['_STREAMRESPONSE']._serialized_end=590
-  _globals['_ERROR']._serialized_start=592
-  _globals['_ERROR']._serialized_end=649
-  _globals['_GRAPHSERVICE']._serialized_start=652
-  _globals['_GRAPHSERVICE']._serialized_end=804
+  _globals['_CALLREQUEST']._serialized_end=241
+  _globals['_CALLREQUEST_HEADERSENTRY']._serialized_start=195
+  _globals['_CALLREQUEST_HEADERSENTRY']._serialized_end=241
+  _globals['_CALLRESPONSE']._serialized_start=243
+  _globals['_CALLRESPONSE']._serialized_end=334
+  _globals['_STREAMREQUEST']._serialized_start=337
+  _globals['_STREAMREQUEST']._serialized_end=505
+  _globals['_STREAMREQUEST_HEADERSENTRY']._serialized_start=195
+  _globals['_STREAMREQUEST_HEADERSENTRY']._serialized_end=241
+  _globals['_STREAMRESPONSE']._serialized_start=507
+  _globals['_STREAMRESPONSE']._serialized_end=598
+  _globals['_ERROR']._serialized_start=600
+  _globals['_ERROR']._serialized_end=657
+  _globals['_GRAPHSERVICE']._serialized_start=660
+  _globals['_GRAPHSERVICE']._serialized_end=812
 # @@protoc_insertion_point(module_scope)

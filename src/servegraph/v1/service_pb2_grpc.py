@@ -53,7 +53,8 @@ class GraphServiceServicer:
 
     def Call(self, request, context):
         """One request, one answer: the application's result. A streaming
-        application's items arrive as one list.
+        application's items arrive as one list, within the ingress's limits (items,
+        bytes, time; RESOURCE_EXHAUSTED past them: call Stream instead).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from servegraph_testbed.binaries import REPO_ROOT
 from servegraph_testbed.node.cluster import NodeCluster
+from servegraph_testbed.node.gateway import GATEWAY_CLASS, PUBLIC_GATEWAY
+from servegraph_testbed.node.gateway import NAMESPACE as GATEWAY_NAMESPACE
 
 KUBERAY_NAMESPACE = "default"  # where KubeRay's config/default puts it
 SERVEGRAPH_NAMESPACE = "servegraph-system"
@@ -59,6 +61,10 @@ def install_servegraph(
     values = {
         "replicaCount": str(replicas),
         "events.tokenSecret.name": EVENTS_SECRET,
+        # Traefik's class for KubeRay's incremental upgrade, and the administrator's Gateway
+        # `public` beside Traefik for spec.expose (node/gateway.py).
+        "allowedGatewayClasses": f"{{{GATEWAY_CLASS}}}",
+        "allowedGateways": f"{{{GATEWAY_NAMESPACE}/{PUBLIC_GATEWAY}}}",
         **(extra_values or {}),
     }
     args = ["install", SERVEGRAPH_RELEASE, str(REPO_ROOT / "charts" / "servegraph-operator")]
@@ -68,6 +74,17 @@ def install_servegraph(
     cp.helm(*args)
     cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
     return Installed(events_token=token)
+
+
+def upgrade_servegraph(cluster: NodeCluster, values: dict[str, str]) -> None:
+    """`helm upgrade --reuse-values` of the installed chart with `values` changed, as an
+    administrator changes a flag; waits until every replica runs the new pod template."""
+    args = ["upgrade", SERVEGRAPH_RELEASE, str(REPO_ROOT / "charts" / "servegraph-operator")]
+    args += ["--namespace", SERVEGRAPH_NAMESPACE, "--skip-crds", "--reuse-values"]
+    for key, value in values.items():
+        args += ["--set", f"{key}={value}"]
+    cluster.cp.helm(*args)
+    cluster.wait_rollout(SERVEGRAPH_NAMESPACE, f"deployment/{OPERATOR_DEPLOYMENT}")
 
 
 def install_servegraph_kustomize(cluster: NodeCluster, *, replicas: int = 2) -> Installed:

@@ -79,6 +79,11 @@ class NodeNetwork:
     def dns_ip(self) -> str:
         return f"10.236.{self.slot}.10"
 
+    @property
+    def gateway_ip(self) -> str:
+        """The Gateway API implementation's Service (node/gateway.py), fixed like kube-dns's."""
+        return f"10.236.{self.slot}.20"
+
     def in_pod_network(self, address: str) -> bool:
         """True for addresses of this node's pods and Services (where tests may send traffic)."""
         ip = ipaddress.ip_address(address)

@@ -114,9 +114,12 @@ def config_from_monitors(kubeconfig: Path, token_file: Path, interval: str = "2s
 class Prometheus:
     """`with Prometheus(cluster) as prom: prom.query('up')` — started on a loopback port."""
 
-    def __init__(self, cluster: NodeCluster, *, interval: str = "2s") -> None:
+    def __init__(self, cluster: NodeCluster, *, interval: str = "2s", host: str = "127.0.0.1") -> None:
+        """`host`: the address it listens on; the host's end of the node's veth
+        (`NodeCluster.net.host_ip`) lets pods query it, as an operator with --prometheus-url does."""
         self.cluster = cluster
         self.interval = interval
+        self.host = host
         self.port = 0
         self._component: Component | None = None
 
@@ -128,7 +131,7 @@ class Prometheus:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Prometheus:
         cp = self.cluster.cp
@@ -143,13 +146,13 @@ class Prometheus:
         config = work / "prometheus.yml"
         monitors = config_from_monitors(cp.kubeconfig(), token_file, self.interval)
         config.write_text(yaml.safe_dump(monitors, sort_keys=False))
-        self.port = free_port()
+        self.port = free_port(self.host)
         argv = [
             str(binary),
             f"--config.file={config}",
             f"--storage.tsdb.path={work / 'data'}",
             "--storage.tsdb.retention.time=2h",
-            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--web.listen-address={self.host}:{self.port}",
             "--log.level=warn",
         ]
         self._component = cp.spawn(COMPONENT, argv, identity=None)
@@ -163,14 +166,14 @@ class Prometheus:
 
     def _ready(self) -> tuple[bool, str]:
         try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:  # noqa: S310 (loopback)
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:  # noqa: S310 (the test's own Prometheus)
                 return resp.status == 200, ""
         except OSError as e:
             return False, str(e)
 
     def _get(self, path: str, **params: str) -> Any:
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (the test's own Prometheus)
             doc = json.loads(resp.read())
         if doc.get("status") != "success":
             raise RuntimeError(f"Prometheus {path} {params}: {doc}")

@@ -1,4 +1,4 @@
-"""A NodeCluster with the stack installed (node/install.py) and an HTTPS graph registry."""
+"""A NodeCluster with the stack installed (node/install.py, node/gateway.py) and an HTTPS graph registry."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import yaml
 from servegraph_testbed.certs import write_pki
 from servegraph_testbed.controlplane import ControlPlane
 from servegraph_testbed.node.cluster import NodeCluster
+from servegraph_testbed.node.gateway import install_gateway
 from servegraph_testbed.node.install import (
     Installed,
     install_crd,
@@ -28,7 +29,8 @@ from servegraph_testbed.registry import Registry, RegistryServer
 
 
 class Stack:
-    """A NodeCluster with KubeRay, servegraph and an HTTPS graph registry on the host.
+    """A NodeCluster with KubeRay, a Gateway API implementation (Traefik), servegraph and
+    an HTTPS graph registry on the host.
 
     The registry listens on the host's end of the node's veth, with a certificate for
     that address; ServeGraphs get its CA through a Secret, the read token through another.
@@ -68,6 +70,8 @@ class Stack:
             await asyncio.to_thread(install_crd, self.cluster)
             await asyncio.to_thread(install_kuberay, self.cluster)
             self.timings["KubeRay ready"] = round(time.monotonic() - t0, 2)
+            await asyncio.to_thread(install_gateway, self.cluster)
+            self.timings["gateway ready"] = round(time.monotonic() - t0, 2)
             self.installed = await asyncio.to_thread(self.install, self.cluster, replicas=self.operator_replicas)
             self.timings["servegraph ready"] = round(time.monotonic() - t0, 2)
             pki_dir = self.cluster.cp.workdir / "registry-pki"
@@ -139,14 +143,24 @@ class Stack:
             "ce-subject": self.source_url(graph),
             "Content-Type": "application/json",
         }
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, sock_connect=3)) as session,
-            session.post(f"http://{ip}:8081/v1/events", data=b"{}", headers=headers) as resp,
-        ):
-            body: dict[str, Any] = await resp.json()
-            if resp.status != 202:
-                raise RuntimeError(f"events endpoint: HTTP {resp.status}: {body}")
-            return body
+        # As a sender should: again on a connection that does not answer, on 5xx and 429 (a
+        # replica that has not listed its ServeGraphs yet answers 503), for up to a minute.
+        deadline = time.monotonic() + 60
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30, sock_connect=3)) as session:
+            while True:
+                try:
+                    async with session.post(f"http://{ip}:8081/v1/events", data=b"{}", headers=headers) as resp:
+                        body: dict[str, Any] = await resp.json(content_type=None)
+                        if resp.status == 202:
+                            return body
+                        why = f"HTTP {resp.status}: {body}"
+                        if resp.status < 500 and resp.status != 429:
+                            raise RuntimeError(f"events endpoint: {why}")
+                except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                    why = f"{type(exc).__name__}: {exc}"
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"events endpoint: not accepted within 60 s; last: {why}")
+                await asyncio.sleep(1)
 
     def servegraph_manifest(
         self,

@@ -8,25 +8,10 @@ until the graph or the spec changes (a new render).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import orjson
-
+from servegraph.graph.limits import MAX_RAYSERVICE_BYTES as MAX_RAYSERVICE_BYTES
+from servegraph.graph.limits import manifest_bytes as manifest_bytes
 from servegraph.names import ConditionType
-from servegraph.operator.status.conditions import Condition
-
-MAX_RAYSERVICE_BYTES = 1_468_006  # 1.4 MiB of compact JSON
-# Why 1.4 MiB: etcd refuses a write over its request limit, 1.5 MiB by default
-# (--max-request-bytes), and what it stores is the manifest plus what the API server and
-# KubeRay add (managedFields, status, resourceVersion...). The 100 KiB between is room for
-# those; a manifest over it would be refused by the apply, or applied and then leave
-# KubeRay's status writes failing.
-
-
-def manifest_bytes(manifest: Mapping[str, Any]) -> int:
-    """The manifest's size as the API server stores it (compact JSON)."""
-    return len(orjson.dumps(manifest))
+from servegraph.operator.conditions import Condition
 
 
 def too_large(name: str, size: int, limit: int = MAX_RAYSERVICE_BYTES) -> Condition | None:

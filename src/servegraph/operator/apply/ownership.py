@@ -3,7 +3,7 @@
 The watch cannot be trusted with ownership: a RayService whose label was removed by
 hand is no longer delivered, so the record kept of it says "ours" for ever. So a write
 over an existing RayService carries the resourceVersion of the object its controller was
-checked on (`drift.conflict`): the API server refuses the write (409) if anyone changed
+checked on (`conflict`): the API server refuses the write (409) if anyone changed
 the object since, so the check and the write are one atomic step. The check is made on
 the record the caller already holds when it has one (what our last apply answered, or
 what the watch delivered since), so an update costs no read; when that version is stale
@@ -22,8 +22,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servegraph.operator.apply.drift import Live, conflict, live_record
+from servegraph.names import KIND
+from servegraph.operator.kuberay import Live, live_record
 from servegraph.operator.protocols import RayServiceApi
+
+
+def conflict(live: Live, namespace: str, name: str, uid: str) -> str | None:
+    """Why the ServeGraph with this uid must not write the live RayService, or None.
+
+    Only the RayService's controller may write it: a RayService someone made by hand,
+    or one another ServeGraph controls, is refused rather than taken over.
+    """
+    if live.owner is not None and live.owner.kind == KIND and live.owner.uid == uid:
+        return None
+    where = f"RayService {namespace}/{name}"
+    if live.owner is not None:
+        return (
+            f"{where} is controlled by {live.owner.kind} {namespace}/{live.owner.name}, not this ServeGraph; "
+            "set spec.rayService.name to another name"
+        )
+    made = ", ".join(live.managers) or "another client"
+    return (
+        f"{where} exists and no ServeGraph controls it (written by {made}); delete it to let this ServeGraph "
+        "create its own, or set spec.rayService.name to another name"
+    )
 
 
 class NotOurs(Exception):

@@ -14,14 +14,15 @@ from typing import Any
 
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType, Key
-from servegraph.operator.apply.drift import Desired, Live, conflict, live_of, live_record
+from servegraph.operator.apply.drift import live_of
 from servegraph.operator.apply.objectsize import too_large
-from servegraph.operator.apply.ownership import NotOurs, apply_owned
+from servegraph.operator.apply.ownership import NotOurs, apply_owned, conflict
 from servegraph.operator.cache import WatchCache
+from servegraph.operator.conditions import Condition
+from servegraph.operator.kuberay import Live, live_record
+from servegraph.operator.metrics import Metrics
 from servegraph.operator.protocols import ApiServer
-from servegraph.operator.run.metrics import Metrics
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import Event, Outcome
+from servegraph.operator.values import Desired, Event, Outcome
 from servegraph.render.upgrade import predict
 
 log = logging.getLogger("servegraph.operator")
@@ -39,9 +40,7 @@ class RayServiceWriter:
         self.cache = cache
         self.metrics = metrics
 
-    async def owned_live(
-        self, key: Key, body: Mapping[str, Any], rs_name: str
-    ) -> tuple[Live | None, str | None, Outcome]:
+    async def owned_live(self, key: Key, body: Mapping[str, Any], rs_name: str) -> Owned:
         """The live RayService of that name if this ServeGraph may write it; else why not; and
         what the step found (a `Conflict` or a failed read, each to be retried).
 
@@ -61,12 +60,17 @@ class RayServiceWriter:
         else:
             live, found = await self.get_live(namespace, rs_name)
             if found.retry:
-                return None, None, found
+                return Owned(None, None, found)
             if live is not None:
                 clash = conflict(live, namespace, rs_name, body["metadata"]["uid"])
         if clash is not None:
-            return None, clash, _failed("Conflict", clash)
-        return live, None, Outcome()
+            return Owned(None, clash, _failed("Conflict", clash))
+        return Owned(live, None, Outcome())
+
+    async def _read(self, where: Key, desired: Desired) -> Live | None:
+        """The RayService as the API server has it now, compared with the desired one (None: gone)."""
+        body = await self.api.get_rayservice(*where)
+        return None if body is None else live_of(body, desired)
 
     async def get_live(self, namespace: str, name: str) -> tuple[Live | None, Outcome]:
         cached = self.cache.rayservice((namespace, name))
@@ -103,20 +107,30 @@ class RayServiceWriter:
             events = (Event("Normal", "NewClusterUpgrade", f"RayService {name}: {prediction.summary()}"),)
         # The first write over an existing RayService is decided on the record held (our last
         # apply's answer, or the watch's since): no read unless that version is stale.
-        held = live if live is not None and live.resource_version is not None else None
+        known = live if live is not None and live.resource_version is not None else None
         manifest = desired.manifest()
-        for attempt in range(APPLY_ATTEMPTS + (held is not None)):
+        for _ in range(APPLY_ATTEMPTS + (known is not None)):
             if not may_write():
                 return Applied(live, Outcome(events=events))
             try:
-                known = held if attempt == 0 else None
                 applied = await apply_owned(self.api, manifest, uid, live is not None, known)
             except NotOurs as exc:
                 self.cache.put_rayservice(where, exc.live)  # what the watch may never deliver (label removed)
                 return Applied(None, _failed("Conflict", exc.reason, events), exc.reason, prediction.kind)
             except KubeError as exc:
                 if exc.status == 409 and live is not None:
-                    continue  # changed since it was read: read it again, and decide again
+                    # Changed since the version decided on: read it again, and decide again. The
+                    # record may have been older than this operator's own last write (a re-list
+                    # begun before it, a watch event delivered after its answer): then the write
+                    # is done already, and writing it again would write one change twice.
+                    try:
+                        known = await self._read(where, desired)
+                    except KubeError as read:
+                        return Applied(live, _failed("Conflict", str(read), events), None, prediction.kind)
+                    if known is not None and known.matched == desired.match_key:
+                        self.cache.put_rayservice(where, known)
+                        return Applied(known, Outcome(applied=_up_to_date(name)))
+                    continue
                 if exc.status == 409:
                     self.cache.forget_rayservice(where)  # read it next time, and see whose it is
                 reason = "Conflict" if exc.status == 409 else "ApplyFailed"
@@ -135,6 +149,16 @@ class RayServiceWriter:
             applied=_up_to_date(name), events=(*events, Event("Normal", "Applied", f"{verb} RayService {name}"))
         )
         return Applied(record, done, None, prediction.kind)
+
+
+@dataclass(frozen=True)
+class Owned:
+    """The ownership step: the live RayService this ServeGraph may write (None: none exists, or
+    it may not), why it may not (None when it may), and what the step found."""
+
+    live: Live | None
+    clash: str | None
+    found: Outcome
 
 
 @dataclass(frozen=True)

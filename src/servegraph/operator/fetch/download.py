@@ -4,6 +4,11 @@ Every way it can fail ends in a `Fetched` (or `GraphValid`) condition that names
 it and a retry with backoff: a bad port, a broken CA bundle, a Secret that cannot
 be read, an error nobody foresaw. None of them may leave the ServeGraph looking
 downloaded and never try again.
+
+A download returns what it learned (`Downloaded`) and writes nothing: the reconcile
+records it once it has it. A download cancelled half way (the Lease lost, the operator
+stopped, a Secret read hanging in an API outage) so leaves the ServeGraph due for one,
+and whoever reconciles it next downloads again.
 """
 
 from __future__ import annotations
@@ -11,17 +16,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from servegraph.graph import GraphError
 from servegraph.kube import KubeError
 from servegraph.names import ConditionType, Key
-from servegraph.operator.cache import Memory, WatchCache
-from servegraph.operator.fetch.secrets import SecretCache, SecretError
+from servegraph.operator.cache import FetchState, Memory, WatchCache
+from servegraph.operator.conditions import Condition
 from servegraph.operator.protocols import ConfigMapKeys, Fetcher, Parser
-from servegraph.operator.rollout import store
+from servegraph.operator.secrets import SecretCache, SecretError
 from servegraph.operator.spec import Source
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import Event, GoodGraph, Outcome
+from servegraph.operator.values import Event, GoodGraph, Outcome
 from servegraph.source import Fetched, FetchError, FetchRequest, Limits
 
 log = logging.getLogger("servegraph.operator")
@@ -32,11 +37,27 @@ MAX_PROBLEMS_SHOWN = 20
 def needs_fetch(memory: Memory, source: Source, refresh: str | None, now: float) -> bool:
     """New inputs fetch at once; a failure waits for its retry; otherwise only a poll fetches."""
     state = memory.fetch
-    if state.force or state.source != source or state.refresh != refresh:
+    if state.source != source or state.refresh != refresh:
         return True
     if state.retry_at:
         return now >= state.retry_at
     return source.poll_interval_s is not None and now >= state.poll_due
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """What one download learned, for the reconcile to record: the fetch state it leaves, the
+    new valid graph (None: no new one), and what the conditions say."""
+
+    state: FetchState
+    outcome: Outcome
+    good: GoodGraph | None = None
+
+    def record(self, memory: Memory) -> None:
+        """Into the reconcile's memory: only the reconcile calls this, once it has the result."""
+        memory.fetch = self.state
+        if self.good is not None:
+            memory.good = self.good
 
 
 class Downloader:
@@ -50,7 +71,7 @@ class Downloader:
         cache: WatchCache,
         min_retry_delay_s: float,
         unexpected: Callable[[Exception], None] = lambda exc: None,
-        clock: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fetcher = fetcher
         self.parser = parser
@@ -61,17 +82,16 @@ class Downloader:
         self.min_retry_delay_s = min_retry_delay_s
         self.unexpected = unexpected
         """Told of each failure nobody foresaw (the reconciler counts it in a metric)."""
-        self.clock = clock
-        """Monotonic seconds for polls and retries (a test moves its own)."""
+        self.monotonic = monotonic
+        """Seconds for polls and retries, never going back (a test moves its own)."""
 
-    async def run(self, key: Key, memory: Memory, source: Source, refresh: str | None) -> Outcome:
-        """Download and parse; what it found for the Fetched and GraphValid conditions."""
-        state = memory.fetch
-        now = self.clock()
-        etag = state.etag if state.source == source and memory.good is not None else None
-        state.source, state.refresh, state.force = source, refresh, False
-        if source.poll_interval_s:
-            state.poll_due = now + source.poll_interval_s
+    async def run(self, key: Key, memory: Memory, source: Source, refresh: str | None) -> Downloaded:
+        """Download and parse: what it found for the Fetched and GraphValid conditions, and
+        the fetch state and graph to record. Reads `memory`, never writes it."""
+        old = memory.fetch
+        etag = old.etag if old.source == source and memory.good is not None else None
+        poll_due = self.monotonic() + source.poll_interval_s if source.poll_interval_s else old.poll_due
+        state = FetchState(source=source, refresh=refresh, poll_due=poll_due, etag=old.etag)
         try:
             got = await self._download(source, etag)
         except Exception as exc:
@@ -81,45 +101,40 @@ class Downloader:
             # Retried on the queue's backoff; events arriving before its earliest retry do
             # not fetch. Counted from the failure (a download with retries outlasts that),
             # and never past the retry: a retry that skipped the fetch would be the last.
-            state.retry_at = self.clock() + self.min_retry_delay_s
-            return Outcome(fetched=failed, retry=True)
-        state.retry_at = 0.0
+            retry_at = self.monotonic() + self.min_retry_delay_s
+            return Downloaded(replace(state, retry_at=retry_at), Outcome(fetched=failed, retry=True))
         if got.not_modified:
-            return Outcome(
-                fetched=Condition(
-                    ConditionType.FETCHED, True, "NotModified", f"{got.url} has not changed (ETag {got.etag})"
-                )
+            fetched = Condition(
+                ConditionType.FETCHED, True, "NotModified", f"{got.url} has not changed (ETag {got.etag})"
             )
+            return Downloaded(state, Outcome(fetched=fetched))
         if source.sha256 and got.digest != source.sha256:
             # Neither the digest nor the size of what answered: with both, the status would
             # let a tenant brute-force a small secret an internal endpoint returns.
-            state.etag = None
-            return Outcome(
-                fetched=Condition(
-                    ConditionType.FETCHED,
-                    False,
-                    "DigestMismatch",
-                    f"{got.url} served content that does not match the pinned sha256 {source.sha256}",
-                )
+            mismatch = Condition(
+                ConditionType.FETCHED,
+                False,
+                "DigestMismatch",
+                f"{got.url} served content that does not match the pinned sha256 {source.sha256}",
             )
+            return Downloaded(replace(state, etag=None), Outcome(fetched=mismatch))
         try:
             graph = self.cache.graph(got.digest) or await self.parser(got.body, self._max_bytes(source))
         except GraphError as exc:  # not a graph: its size stays unsaid, as its digest
-            state.etag = None  # revalidate the next download in full
-            return Outcome(
+            invalid = Outcome(
                 fetched=Condition(ConditionType.FETCHED, True, "Downloaded", f"downloaded from {got.url}"),
                 valid=Condition(ConditionType.GRAPH_VALID, False, "InvalidGraph", _problems(exc)),
             )
+            return Downloaded(replace(state, etag=None), invalid)  # revalidate the next download in full
         events: tuple[Event, ...] = ()
         if memory.good is None or got.digest != memory.good.digest:
             events = (
                 Event("Normal", "Fetched", f"graph {graph.name} version {graph.version!r} sha256 {got.digest[:12]}"),
             )
-        self.cache.share_graph(got.digest, graph)
-        memory.good, state.etag = GoodGraph.of(graph, got.digest, got.body), got.etag
-        memory.unkept = len(got.body) <= store.BUDGET  # the rollout keeps it for rollback
-        summary = f"{len(graph.applications)} applications, {graph.node_count} nodes"
-        return Outcome(
+        self.cache.share_graph(got.digest, graph, key[0])
+        apps, nodes = len(graph.applications), graph.node_count
+        summary = f"{apps} application{'s' * (apps != 1)}, {nodes} node{'s' * (nodes != 1)}"
+        outcome = Outcome(
             fetched=Condition(
                 ConditionType.FETCHED, True, "Downloaded", f"downloaded {len(got.body)} bytes from {got.url}"
             ),
@@ -128,6 +143,7 @@ class Downloader:
             ),
             events=events,
         )
+        return Downloaded(replace(state, etag=got.etag), outcome, GoodGraph.of(graph, got.digest, got.body))
 
     def _max_bytes(self, source: Source) -> int:
         return self.limits.clamp(source.timeout_s, source.max_bytes)[1]
@@ -155,6 +171,8 @@ class Downloader:
             max_bytes=max_bytes,
             ca_pem=await self._ca(source),
             allow_insecure_http=source.allow_insecure_http,
+            min_bytes_per_s=self.limits.min_bytes_per_s,
+            rate_grace_s=self.limits.rate_grace_s,
         )
 
     async def _ca(self, source: Source) -> str | None:

@@ -48,7 +48,7 @@ from servegraph.dag.model import Graph
 from servegraph.graph import GraphError, Problem, decode, parse_graph
 from servegraph.graph.validate import to_model
 from servegraph.operator.fetch import parse_child
-from servegraph.operator.run.fairness import FairQueue
+from servegraph.operator.fetch.fairness import FairQueue
 
 log = logging.getLogger("servegraph.operator")
 
@@ -145,6 +145,18 @@ class GraphParser:
             raise GraphError([Problem("", f"the graph could not be parsed within {limit}")]) from None
         return result
 
+    def running(self, tenant: str) -> int:
+        """Parses of `tenant` holding a child now."""
+        return self._queue.running(tenant)
+
+    def waiting(self) -> int:
+        """Parses waiting for a child."""
+        return self._queue.waiting()
+
+    def pids(self) -> tuple[int | None, ...]:
+        """Each child's process id; None for one not running (not spawned yet, or exited)."""
+        return tuple(c.pid if c.alive() else None for c in self._children)
+
     async def close(self) -> None:
         """Stop every child and wait until each has exited, so its pipes are closed while the loop still runs."""
         await asyncio.gather(*(child.stop() for child in self._children))
@@ -163,6 +175,10 @@ class _Child:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    def alive(self) -> bool:
+        """Spawned and not known to have exited."""
+        return self._process is not None and self._process.returncode is None
 
     async def ready(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
         """The running child's pipes; spawned, and its imports done, first if need be."""

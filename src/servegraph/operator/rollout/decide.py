@@ -24,35 +24,24 @@ else (or someone pins it). A rollback that fails itself stops there: no loops.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from servegraph.names import ConditionType
-from servegraph.operator.status.conditions import Condition
+from servegraph.operator.conditions import Condition, parse_rfc3339, rfc3339
+from servegraph.operator.kuberay import DEPLOYING_APP_STATES, FAILED_APP_STATES, RUNNING, traffic_split
+from servegraph.operator.rollout.canary import CANARY_RUNS, Gate
+from servegraph.operator.spec import RolloutSpec
 
 PROGRESSING, SERVING, SUPERSEDED, FAILED, ROLLED_BACK = "Progressing", "Serving", "Superseded", "Failed", "RolledBack"
-FAILED_APP_STATES = ("DEPLOY_FAILED", "UNHEALTHY")
 APP_FAILED = "ApplicationFailed"
-DEPLOYING_APP_STATES = ("NOT_STARTED", "DEPLOYING")
 MAX_MESSAGE = 1024
 # How long every application must stay RUNNING, after KubeRay acted on the new spec,
 # before a rollout is complete. KubeRay writes the statuses it read right after pushing
 # a config, before Ray Serve has started on it: "RUNNING" then is still the old version's.
 # KubeRay reads them again every 2 s, so within this window a new version shows DEPLOYING.
 STABLE_S = 15.0
-
-
-@dataclass(frozen=True)
-class RolloutSpec:
-    """`spec.rollout`."""
-
-    progress_deadline_s: float = 600.0
-    auto_rollback: bool = True
-    history_limit: int = 10
-    pin_digest: str | None = None
-    pin_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,13 +60,13 @@ class Health:
     settled: bool
     """KubeRay has acted on the spec last applied (its observedGeneration caught up)."""
     applications: Mapping[str, Any]
-    """Mirrored application statuses of the active cluster (status.mirror_applications)."""
+    """Mirrored application statuses of the active cluster (kuberay.mirror_applications)."""
     upgrade: Mapping[str, Any] | None = None
-    """A new-cluster upgrade in progress (status.mirror_upgrade)."""
+    """A new-cluster upgrade in progress (kuberay.mirror_upgrade)."""
     expected: tuple[str, ...] = ()
     """The applications of the applied version."""
     blocker: str | None = None
-    """The first blocking problem KubeRay or Ray Serve names (blockers.blocking_problem), if any."""
+    """The first blocking problem KubeRay or Ray Serve names (kuberay.blocking_problem), if any."""
 
 
 @dataclass
@@ -110,6 +99,7 @@ def decide(
     kept: Sequence[str],
     health: Health | None,
     now: float,
+    gate: Gate | None = None,
 ) -> Decision:
     """The next state of the rollout, from the last one and what was observed.
 
@@ -133,7 +123,10 @@ def decide(
     if rollout["phase"] != PROGRESSING:
         d.progressing = _settled_condition(rollout)
         return _trim(d, spec)
-    failure = _failure(rollout, health, now)
+    gate = gate or Gate()
+    if gate.hold:  # the deadline counts from the canary's end: it slides while the canary runs
+        rollout["deadline"] = rfc3339(max(parse_rfc3339(rollout["deadline"]), now + spec.progress_deadline_s))
+    failure = gate.fail or (None if gate.hold else _failure(rollout, health, now))
     # A failure or a success counts once it has held for STABLE_S: either may still be
     # the previous version's status. A failure after the new version was seen deploying
     # is its own, and counts at once (a single replica fails every request meanwhile).
@@ -144,7 +137,7 @@ def decide(
         failure = None
     if failure is None:
         _held(rollout, "failingSince", app_failed, now)
-        if _held(rollout, "runningSince", not app_failed and _complete(health), now):
+        if _held(rollout, "runningSince", not app_failed and not gate.hold and _complete(health), now):
             _finish(d, now)
         elif rollout.get("cause") == "rollback":
             d.progressing = Condition(
@@ -180,12 +173,24 @@ def _wanted(
         return None, f"pinned {what} is neither served by the source nor kept in the history"
     if candidate is None:
         return None, ""
+    running = _queued_behind(spec, rollout)
+    if running is not None and candidate.digest != running["digest"]:
+        # onPublish: Queue — the running canary ends first; the newest version waits its turn.
+        return Candidate(running["digest"], running["version"], running.get("source", "")), "source"
     if rollout is not None and rollout.get("cause") == "rollback" and candidate.digest == rollout.get("from"):
         return Candidate(rollout["digest"], rollout["version"], rollout.get("source", "")), "rollback"
     if any(h["digest"] == candidate.digest and h["outcome"] == ROLLED_BACK for h in history):
         previous = rollout and Candidate(rollout["digest"], rollout["version"], rollout.get("source", ""))
         return previous or None, "refused"
     return candidate, "source"
+
+
+def _queued_behind(spec: RolloutSpec, rollout: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The rollout of a running canary that queues publishes (onPublish: Queue), else None."""
+    if spec.canary is None or not spec.canary.queue_publishes or rollout is None:
+        return None
+    running = rollout.get("phase") == PROGRESSING and (rollout.get("canary") or {}).get("phase") in CANARY_RUNS
+    return rollout if running else None
 
 
 def _start(d: Decision, spec: RolloutSpec, wanted: Candidate, now: float, cause: str) -> None:
@@ -247,8 +252,9 @@ def _failure(rollout: Mapping[str, Any], health: Health | None, now: float) -> t
 
 
 def _waiting_on(health: Health | None) -> str:
-    """`; <the first blocking problem>` when KubeRay or Ray Serve names one."""
-    return f"; {health.blocker}" if health is not None and health.blocker else ""
+    """`; <an incremental upgrade's split>; <the first blocking problem>`, what KubeRay or Ray Serve says."""
+    said = [] if health is None else [traffic_split(health.upgrade), health.blocker]
+    return "".join(f"; {part}" for part in said if part)
 
 
 def _held(rollout: dict[str, Any], since: str, true: bool, now: float) -> bool:
@@ -270,7 +276,7 @@ def _complete(health: Health | None) -> bool:
     if health is None or not health.settled or health.upgrade:
         return False
     apps = health.applications
-    return bool(health.expected) and all(apps.get(a, {}).get("status") == "RUNNING" for a in health.expected)
+    return bool(health.expected) and all(apps.get(a, {}).get("status") == RUNNING for a in health.expected)
 
 
 def _finish(d: Decision, now: float) -> None:
@@ -388,13 +394,3 @@ def kept_digests(history: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _short(digest: str) -> str:
     return digest[:12]
-
-
-def rfc3339(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(text: str) -> float:  # fromisoformat: 0.3 µs, where strptime took 6
-    if not text.endswith("Z"):
-        raise ValueError(f"not a UTC time like 2026-01-02T03:04:05Z: {text!r}")
-    return datetime.datetime.fromisoformat(text).timestamp()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servegraph.names import RESTARTED_AT_ANNOTATION, ConditionType
-from servegraph.operator.status.conditions import Condition
+from servegraph.operator.conditions import Condition
 
 MAX_VALUE = 128
 """An RFC 3339 time is about 25 characters; every pod template carries the value."""

@@ -35,6 +35,7 @@ from typing import Any
 from servegraph.kube import KubeError
 from servegraph.names import MANAGED_BY, MANAGED_BY_LABEL
 from servegraph.operator.protocols import ConfigMapApi
+from servegraph.operator.values import Stored
 
 BUDGET = 768 * 1024  # raw bytes; base64 in etcd stays well under its 1.5 MiB request limit
 MAX_NAME = 253
@@ -48,22 +49,6 @@ def store_name(servegraph: str) -> str:
         return name
     digest = hashlib.sha256(servegraph.encode()).hexdigest()[:8]
     return f"{servegraph[: MAX_NAME - len(SUFFIX) - 9]}-{digest}{SUFFIX}"
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """The ConfigMap as the store last wrote or read it: the precondition of its next write,
-    and digest → size of each graph in it (what `choose` needs; the bytes are not held)."""
-
-    owner: str
-    """The uid of the ServeGraph it was written for: a ServeGraph made again under the same
-    name never writes over its predecessor's (the garbage collector's) ConfigMap unread."""
-    resource_version: str
-    sizes: tuple[tuple[str, int], ...]
-
-    @classmethod
-    def of(cls, owner: Mapping[str, Any], cm: Mapping[str, Any], sizes: Mapping[str, int]) -> Stored:
-        return cls(str(owner.get("uid")), str(cm["metadata"]["resourceVersion"]), tuple(sorted(sizes.items())))
 
 
 def choose(order: Sequence[str], sizes: Mapping[str, int], budget: int = BUDGET) -> list[str]:

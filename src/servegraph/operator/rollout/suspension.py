@@ -1,11 +1,17 @@
 """Suspend and resume (`spec.suspend`): the Ray cluster removed, the ServeGraph and its graphs kept.
 
-KubeRay v1.6.2's RayService has no suspend of its own (its CRD has none; the RayCluster's
-`suspend` would leave the RayService pushing its Serve config to a cluster without pods),
-so a suspended ServeGraph's RayService is deleted: KubeRay's finalizer removes its Ray
-clusters, and the pods go with them. Everything the ServeGraph holds stays: the status
-(graph version, rollout, history) and the graphs kept for rollback (operator/rollout/store.py).
-Resuming renders the version of `status.rollout` again, from memory or the store.
+Where the installed KubeRay has a suspend of its own (RayService `spec.suspend`, KubeRay 1.7,
+found in its CRD at start: render/kuberay_features.py), the RayService is kept and rendered
+with `suspend: true`: KubeRay deletes its Ray clusters and everything it made for them
+(Services, the incremental upgrade's Gateway and HTTPRoute), says `Suspending`, then
+`Suspended`, and on resume starts a new cluster from the same RayService. Earlier KubeRay has
+none (the RayCluster's `suspend` would leave the RayService pushing its Serve config to a
+cluster without pods), so there the RayService is deleted: KubeRay's finalizer removes its Ray
+clusters, and the pods go with them. Either way everything the ServeGraph holds stays: the
+status (graph version, rollout, history) and the graphs kept for rollback
+(operator/rollout/store.py). Resuming renders the version of `status.rollout` again, from memory
+or the store. This module decides (pure); the write is the apply stage's (deploying.py renders
+and applies the suspended RayService, apply/removal.py deletes one).
 
 While suspended nothing is downloaded: polls are held (the next one is due a whole interval
 after the resume) and a refresh waits (the resume's first reconcile sees a new value and
@@ -16,34 +22,27 @@ cluster did not exist.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from servegraph.kube import KubeError
-from servegraph.names import ConditionType, Key
-from servegraph.operator.apply.drift import Live
-from servegraph.operator.apply.ownership import NotOurs, delete_owned
-from servegraph.operator.cache import FetchState, WatchCache
-from servegraph.operator.protocols import ApiServer
-from servegraph.operator.rollout.decide import PROGRESSING, parse_rfc3339, rfc3339
+from servegraph.names import ConditionType
+from servegraph.operator.cache import FetchState
+from servegraph.operator.conditions import Condition, parse_rfc3339, rfc3339
+from servegraph.operator.kuberay import Live
+from servegraph.operator.rollout.decide import PROGRESSING
 from servegraph.operator.spec import Source
-from servegraph.operator.status.conditions import Condition
-from servegraph.operator.status.report import Event, Observed, Outcome
-
-log = logging.getLogger("servegraph.operator")
+from servegraph.operator.values import Event, Observed, Outcome
 
 SUSPENDED = "Suspended"
 SUSPENDED_AT = "suspendedAt"
-DELETE_ATTEMPTS = 2
-"""Deletes per reconcile when the RayService changed between the read and the delete."""
 
 
-def hold_polls(fetch: FetchState, source: Source, now: float) -> None:
+def hold_polls(fetch: FetchState, source: Source, now: float) -> FetchState:
     """No poll while suspended, nor at once on resume: the next is due an interval from now."""
-    if source.poll_interval_s:
-        fetch.poll_due = max(fetch.poll_due, now + source.poll_interval_s)
+    if not source.poll_interval_s:
+        return fetch
+    return replace(fetch, poll_due=max(fetch.poll_due, now + source.poll_interval_s))
 
 
 def pause(rollout: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
@@ -71,55 +70,37 @@ def resume(status: Mapping[str, Any], now: float) -> Mapping[str, Any]:
     return {**status, "rollout": moved}
 
 
-async def remove(
-    api: ApiServer, cache: WatchCache, key: Key, name: str, body: Mapping[str, Any], live: Live | None
-) -> tuple[bool, Outcome]:
-    """Delete the ServeGraph's RayService unless it is gone or going: whether a delete was sent,
-    and a failure said in Applied, to be retried."""
-    if live is None or live.deleting:
-        return False, Outcome()
-    for attempt in range(DELETE_ATTEMPTS):
-        try:
-            deleted = await delete_owned(api, key[0], name, body["metadata"]["uid"])
-        except NotOurs as exc:
-            failed = Condition(ConditionType.APPLIED, False, "Conflict", exc.reason)
-        except KubeError as exc:
-            if exc.status == 409 and attempt + 1 < DELETE_ATTEMPTS:
-                continue  # changed since it was read (KubeRay's status): read it again, decide again
-            reason = "Conflict" if exc.status == 409 else "DeleteFailed"
-            failed = Condition(ConditionType.APPLIED, False, reason, str(exc))
-        else:
-            if deleted:
-                cache.put_rayservice((key[0], name), replace(live, deleting=True))  # the watch will say so too
-                log.info("[%s/%s] suspended: deleted RayService %s", *key, name)
-            return deleted, Outcome()
-        break
-    return False, Outcome(applied=failed, retry=True)
-
-
 def report(
     out: Outcome,
     status: Mapping[str, Any],
     rs_name: str,
     live: Live | None,
-    deleted: bool,
+    acted: bool,
     conflict: str | None,
     still_current: frozenset[str],
     now: float,
+    in_kuberay: bool = False,
 ) -> Observed:
     """What a suspended ServeGraph's status says: Ready and Progressing False `Suspended`, the
-    kept version named; Applied says where the RayService's deletion is."""
+    kept version named; Applied says where KubeRay's suspend (`in_kuberay`) or the RayService's
+    deletion is. `acted`: this reconcile set the RayService's spec.suspend, or deleted it."""
     rollout = status.get("rollout") or {}
     version = rollout.get("version") or (status.get("graph") or {}).get("version")
     kept = f"version {version!r} is kept and runs again" if version else "the graph is downloaded and run"
-    if out.applied is None and conflict is None:
-        if deleted or (live is not None and live.deleting):
+    if conflict is None and (out.applied is None or (in_kuberay and out.applied.status)):
+        if in_kuberay and live is not None and not live.deleting:
+            done = live.suspended == SUSPENDED and not acted
+            what = f"RayService {rs_name} has spec.suspend: KubeRay " + (
+                "deleted its Ray cluster (Suspended)" if done else "deletes its Ray cluster (Suspending)"
+            )
+        elif acted or (live is not None and live.deleting):
             what = f"RayService {rs_name} is being deleted: KubeRay removes its Ray cluster"
         else:
             what = f"RayService {rs_name} is deleted: no Ray cluster runs"
         out = out.then(Outcome(applied=Condition(ConditionType.APPLIED, True, SUSPENDED, what)))
-    if deleted:
-        said = f"deleted RayService {rs_name} (spec.suspend); {kept} on resume"
+    if acted:
+        did = f"set spec.suspend on RayService {rs_name}" if in_kuberay else f"deleted RayService {rs_name}"
+        said = f"{did} (spec.suspend); {kept} on resume"
         out = out.then(Outcome(events=(Event("Normal", SUSPENDED, said),)))
     waiting = "suspended: downloads, rollouts and their deadlines wait for spec.suspend: false"
     out = out.then(Outcome(progressing=Condition(ConditionType.PROGRESSING, False, SUSPENDED, waiting)))

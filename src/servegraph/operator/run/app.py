@@ -21,32 +21,46 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from servegraph import __version__
+from servegraph.evidence import Reader
+from servegraph.evidence.prometheus import PrometheusEvidence
+from servegraph.evidence.routers import RoutersEvidence
 from servegraph.kube import KubeClient, KubeError, connect
+from servegraph.kube.crds import get_crd
 from servegraph.kube.reviews import Reviews
+from servegraph.kube.routes import RouteClient
 from servegraph.names import FIELD_MANAGER, LEASE_NAME, OPERATOR_NAMESPACE, Key
-from servegraph.operator.fetch import secrets
+from servegraph.operator import secrets
 from servegraph.operator.fetch.parsing import GraphParser, default_workers
-from servegraph.operator.fetch.secrets import SecretError, SecretKeyRef
+from servegraph.operator.gateways import GatewayPolicy
+from servegraph.operator.metrics import Metrics
+from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler
 from servegraph.operator.run.echoes import EchoFilter
-from servegraph.operator.run.events_endpoint import events_app
+from servegraph.operator.run.events_endpoint import Unavailable, events_app
 from servegraph.operator.run.leader import LeaderElector, LeaseConfig
-from servegraph.operator.run.metrics import Metrics
 from servegraph.operator.run.metrics_auth import MetricsGuard
-from servegraph.operator.run.queue import WorkQueue
 from servegraph.operator.run.sharding import Shard
 from servegraph.operator.run.worker import run_worker
+from servegraph.operator.secrets import SecretError, SecretKeyRef
+from servegraph.render.kuberay_features import RAYSERVICE_CRD, KubeRayFeatures, NotARayServiceCRD
 from servegraph.source import Limits, RegistryClient, SourcePolicy
 
 log = logging.getLogger("servegraph.operator")
 
 TOKEN_TTL_S = 10.0
 """How long the events endpoint trusts its copy of the token Secret (rotation latency)."""
+TOKEN_RETRY_S = 1.0
+"""A mismatch, or a failed read, reads the Secret again at most this often."""
+EVENTS_API_TIMEOUT_S = 5.0
+"""The events endpoint's API calls: a sender waits for the answer, and a 503 it can retry
+beats one that comes after its own timeout."""
 
 
 @dataclass(frozen=True)
 class Options:
     kubeconfig: str | None = None
+    context: str | None = None
+    """The kubeconfig's context (None: its current one)."""
     workers: int = 4
     health_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes come from the kubelet and Prometheus
     health_port: int = 8080
@@ -64,44 +78,76 @@ class Options:
     policy: SourcePolicy = field(default_factory=SourcePolicy)
     limits: Limits = field(default_factory=Limits)
     fetches_per_namespace: int = 2
+    max_downloads: int = 64
     serve_service_types: frozenset[str] = frozenset()
+    serve_service_annotations: tuple[str, ...] = ()
+    """Annotation key prefixes a serveService may use (operator/serve_service.py); none by default."""
+    gateways: GatewayPolicy = field(default_factory=GatewayPolicy)
+    """The Gateways spec.expose and gateway classes clusterUpgradeOptions may name (operator/gateways.py)."""
     parse_workers: int = 0
     """Graph parse processes; 0: `parsing.default_workers()`, from the CPU limit."""
     shard: Shard = field(default_factory=Shard)
     """Which ServeGraphs this instance owns (operator/run/sharding.py); default: all."""
     metrics_auth: bool = False
     """/metrics only for bearer tokens the API server authorizes (operator/run/metrics_auth.py)."""
+    namespaces: tuple[str, ...] | None = None
+    """The namespaces watched (kopf's, globs allowed); None: the whole cluster."""
+    prometheus_url: str | None = None
+    """Where a canary's evidence is read (Prometheus' HTTP API); None: the routers' own counters,
+    through each RayService's serve Service."""
 
 
 @dataclass
 class EventsToken:
     """The events endpoint's token, read on demand and kept `TOKEN_TTL_S`: the operator
-    watches no Secret, and may `get` this one even where it watches no namespace."""
+    watches no Secret, and may `get` this one even where it watches no namespace.
+
+    When it cannot be read (the API server down, the Secret missing or unreadable) `get`
+    raises Unavailable and the endpoint answers 503, never 401: the sender's token may well
+    be right, and the event must be sent again, not dropped. A copy older than its TTL is
+    not used meanwhile: the token may have been rotated because it leaked. Concurrent
+    requests share one read."""
 
     kube: KubeClient
-    ref: SecretKeyRef | None
+    ref: SecretKeyRef
     value: str | None = field(default=None, repr=False)
     read_at: float = -1e9
     warned: bool = False
+    _reading: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    async def get(self, mismatch: bool = False) -> str | None:
+    async def get(self, mismatch: bool = False) -> str:
         age = time.monotonic() - self.read_at
-        if age >= TOKEN_TTL_S or (mismatch and age >= 1.0):  # a mismatch re-reads at most once a second
+        stale = age >= TOKEN_TTL_S or ((mismatch or self.value is None) and age >= TOKEN_RETRY_S)
+        if stale:
             await self.load()
+        if self.value is None:
+            raise Unavailable(f"the events token Secret {self.ref.namespace}/{self.ref.name} cannot be read")
         return self.value
 
     async def load(self) -> None:
-        self.read_at = time.monotonic()
-        if self.ref is None:
-            return
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.create_task(self._read())
+        await asyncio.shield(self._reading)  # a sender that hangs up does not cancel the others' read
+
+    async def _read(self) -> None:
         try:
             token = secrets.value(self.ref, await self.kube.read_secret_data(self.ref.namespace, self.ref.name))
         except (KubeError, SecretError) as exc:
-            if not self.warned:  # once per outage, not once per request
-                log.warning("events endpoint token unavailable (%s); the endpoint answers 401", exc.reason)
-            self.value, self.warned = None, True
+            self._unreadable(exc.reason)
             return
-        self.value, self.warned = token.strip() or None, False
+        finally:
+            self.read_at = time.monotonic()
+        if not token.strip():
+            self._unreadable("EmptyValue")
+            return
+        if self.warned:
+            log.info("events endpoint token readable again")
+        self.value, self.warned = token.strip(), False
+
+    def _unreadable(self, reason: str) -> None:
+        if not self.warned:  # once per outage, not once per request
+            log.warning("events endpoint token unavailable (%s); the endpoint answers 503 until it is read", reason)
+        self.value, self.warned = None, True
 
 
 @dataclass
@@ -114,6 +160,9 @@ class Operator:
     kube: KubeClient
     metrics: Metrics
     echoes: EchoFilter
+    events_kube: KubeClient | None = None
+    """The events endpoint's own API client: `stop_workers` resets the workers' connections on a
+    Lease loss, and an event being annotated on one of them was answered as if refreshed."""
     runners: list[web.AppRunner] = field(default_factory=list)
     workers: list[asyncio.Task[None]] = field(default_factory=list)
     elector_task: asyncio.Task[None] | None = None
@@ -132,6 +181,7 @@ class Operator:
         delivered late), then cancel every reconcile, in-flight ones included."""
         with contextlib.suppress(Exception):
             await self.kube.abort_connections()
+        self.reconciler.downloads.cancel_all()  # nothing in flight is recorded: the next leader downloads again
         workers, self.workers = self.workers, []
         for task in workers:
             task.cancel()
@@ -150,6 +200,8 @@ class Operator:
         await self.registry.close()
         await self.parser.close()
         await self.kube.api.close()
+        if self.events_kube is not None:
+            await self.events_kube.api.close()
 
 
 def health_app(metrics: Metrics, guard: MetricsGuard | None = None) -> web.Application:
@@ -161,9 +213,13 @@ def health_app(metrics: Metrics, guard: MetricsGuard | None = None) -> web.Appli
 
     async def scrape(request: web.Request) -> web.Response:
         if guard is not None:
-            status, reason = await guard.check(request.headers.get("Authorization"), request.path)
+            status, reason = await guard.check(
+                request.headers.get("Authorization"), request.path, request.remote or "unknown"
+            )
             if status != 200:
                 headers = {"WWW-Authenticate": 'Bearer realm="servegraph"'} if status == 401 else None
+                if status in (429, 503):
+                    headers = {"Retry-After": "2"}
                 return web.Response(status=status, text=reason + "\n", headers=headers)
         return web.Response(body=metrics.exposition(), content_type="text/plain", charset="utf-8")
 
@@ -223,12 +279,33 @@ def own_pod_addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     return found
 
 
+async def kuberay_features(kube: KubeClient) -> KubeRayFeatures | None:
+    """What the installed KubeRay's RayService CRD offers, read once; None when it cannot be read
+    (the operator then uses none of what only some releases have: spec.suspend deletes)."""
+    try:
+        crd = await get_crd(kube, RAYSERVICE_CRD)
+        if crd is None:
+            raise KubeError("NotFound", f"{RAYSERVICE_CRD} is not installed")
+        features = KubeRayFeatures.from_crd(crd)
+    except (KubeError, NotARayServiceCRD) as exc:
+        log.warning(
+            "cannot read KubeRay's RayService CRD (%s): spec.suspend deletes the RayService "
+            "(get on customresourcedefinitions/%s: cluster-wide mode)",
+            getattr(exc, "reason", exc),
+            RAYSERVICE_CRD,
+        )
+        return None
+    log.info("KubeRay's RayService: %s", features.describe())
+    return features
+
+
 async def start(options: Options) -> Operator:
-    api = await connect(options.kubeconfig)
+    api = await connect(options.kubeconfig, options.context)
     # Audit logs then tell replicas and shards apart, as they share one ServiceAccount.
     shard = options.shard
     where = "" if not shard.sharded else f"; shard {shard.name}" if shard.name else "; default shard"
-    api.user_agent = f"{FIELD_MANAGER}/{__version__} ({options.identity}{where})"
+    agent = f"{FIELD_MANAGER}/{__version__} ({options.identity}{where}"
+    api.user_agent = agent + ")"
     kube = KubeClient(api)
     kube.shard = shard.name
     metrics = Metrics()
@@ -238,6 +315,7 @@ async def start(options: Options) -> Operator:
     registry = RegistryClient(policy, observe=metrics.observe_fetch)
     parser = GraphParser(workers=options.parse_workers or default_workers())
     await parser.start()
+    evidence: Reader = PrometheusEvidence(options.prometheus_url) if options.prometheus_url else RoutersEvidence()
     reconciler = Reconciler(
         kube,
         registry.fetch,
@@ -246,18 +324,39 @@ async def start(options: Options) -> Operator:
         parser=parser.parse,
         limits=options.limits,
         fetches_per_namespace=options.fetches_per_namespace,
+        max_downloads=options.max_downloads,
         serve_service_types=options.serve_service_types,
+        serve_service_annotations=options.serve_service_annotations,
         owns=shard.owns,
+        kuberay=await kuberay_features(kube),
+        routes=RouteClient(kube),
+        gateways=options.gateways,
+        evidence=evidence,
+        watched=options.namespaces,
     )
+    log.info("allowed for ServeGraphs: %s", options.gateways.describe())
     if shard.sharded:
         log.info("shard: ServeGraphs selected by %r, lease %s", shard.selector(), options.lease_name)
     echoes = EchoFilter(reconciler.cache)
     metrics.registry.register(echoes)
     operator = Operator(options, reconciler, queue, registry, parser, kube, metrics, echoes)
     if options.events_host is not None:
-        token = EventsToken(kube, options.events_token_secret)
+        if options.events_token_secret is None:
+            raise ValueError("the events endpoint needs a token Secret (events_token_secret)")
+        # Its own connections: standbys serve events too, and a Lease loss must not cut them.
+        events_api = await connect(options.kubeconfig, options.context)
+        events_api.user_agent = agent + "; events)"
+        operator.events_kube = KubeClient(events_api, timeout_s=EVENTS_API_TIMEOUT_S)
+        token = EventsToken(operator.events_kube, options.events_token_secret)
         await token.load()
-        app = events_app(token.get, reconciler.cache.heads, kube.annotate_servegraph)
+        counted = metrics.events
+        app = events_app(
+            token.get,
+            reconciler.cache.heads,
+            operator.events_kube.annotate_servegraph,
+            answered=lambda status: counted.labels(str(status)).inc(),
+            synced=reconciler.servegraphs_synced,
+        )
         runner, operator.ports["events"] = await _serve(app, options.events_host, options.events_port)
         operator.runners.append(runner)
     # Health last: /readyz answers only once every listener is up (a probe that passed

@@ -8,7 +8,7 @@ for the operator and a quiet cluster sees no writes from it.
 
 There is no Secret watch: RBAC cannot narrow one to the Secrets ServeGraphs name, so
 it would stream every Secret of the cluster. Tokens are read when a download needs
-them (operator/fetch/secrets.py: SecretCache).
+them (operator/secrets.py: SecretCache).
 """
 
 from __future__ import annotations
@@ -19,13 +19,26 @@ from typing import Any
 import kopf
 
 from servegraph import gcpause
-from servegraph.names import GROUP, PLURAL, RAY_GROUP, RAY_PLURAL, RAY_VERSION, VERSION
+from servegraph.names import (
+    GATEWAY_GROUP,
+    GATEWAY_VERSION,
+    GROUP,
+    PLURAL,
+    RAY_GROUP,
+    RAY_PLURAL,
+    RAY_VERSION,
+    ROUTE_PLURAL,
+    VERSION,
+)
 from servegraph.operator.run import app, kopf_settings
+from servegraph.operator.run import login as run_login
 from servegraph.operator.run.echoes import RAYSERVICE, SERVEGRAPH
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(memo: Any, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    if memo.options.context:  # `servegraph run --context`: kopf's own login reads only the current one
+        return await run_login.at_context(memo.options.kubeconfig, memo.options.context)
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
@@ -38,6 +51,7 @@ async def startup(
     # rayservice_index below: every RayService is delivered once before any ServeGraph is.
     memo.operator.reconciler.cache.rayservices_complete = True
     kopf_settings.drop_echoes(memo.operator.echoes.drop)  # before kopf starts its watches
+    kopf_settings.compare_listings(memo.operator.reconciler)  # a re-list repairs what a watch gap hid
     gcpause.tune_for_service()
     logger.info("servegraph operator started")
 
@@ -45,6 +59,7 @@ async def startup(
 @kopf.on.cleanup()
 async def cleanup(memo: Any, **_: Any) -> None:
     kopf_settings.drop_echoes(None)
+    kopf_settings.compare_listings(None)
     operator = getattr(memo, "operator", None)
     if operator is not None:
         await operator.stop()
@@ -76,6 +91,13 @@ async def rayservice_index(body: kopf.Body, memo: Any, **_: Any) -> None:
 
 def _deleted(event: kopf.RawEvent, **_: Any) -> bool:
     return event["type"] == "DELETED"
+
+
+@kopf.on.event(GATEWAY_GROUP, GATEWAY_VERSION, ROUTE_PLURAL)
+async def httproute_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """The operator's own HTTPRoutes (spec.expose; kopf_settings selects them by label). Without the
+    Gateway API's CRDs at start there is nothing to watch, and nothing is."""
+    memo.operator.reconciler.httproute_changed(event["object"], deleted=event["type"] == "DELETED")
 
 
 # Only deletions: kopf calls no index handler for one. The filter, not a check in the handler,

@@ -11,7 +11,19 @@ from typing import Any, cast
 import kopf
 import orjson
 
-from servegraph.names import GROUP, PLURAL
+from servegraph.names import (
+    GATEWAY_GROUP,
+    GROUP,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PLURAL,
+    RAY_GROUP,
+    RAY_PLURAL,
+    ROUTE_PLURAL,
+)
+from servegraph.operator.cache import RAYSERVICES, SERVEGRAPHS
+from servegraph.operator.reconcile import Reconciler
+from servegraph.operator.run import kopf_private
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -44,14 +56,13 @@ class NoDiffBase(kopf.DiffBaseStorage):
 def refuse_change_handlers(registry: kopf.OperatorRegistry) -> None:
     """Fail at start-up if a handler needs the diff base NoDiffBase does not keep.
 
-    kopf keeps on.create/on.update/on.delete/on.resume/on.field handlers in one
-    registry of "changing" handlers and has no public accessor for it; reading
-    the private attribute here is what lets such a handler fail loudly, once,
-    instead of misbehaving silently on every event.
+    kopf has no public accessor for them (`kopf_private.changing_handlers` reads its
+    private registry): what lets such a handler fail loudly, once, instead of
+    misbehaving silently on every event.
     """
-    changing = registry._changing.get_all_handlers()
+    changing = kopf_private.changing_handlers(registry)
     if changing:
-        ids = ", ".join(sorted(str(h.id) for h in changing))
+        ids = ", ".join(changing)
         raise RuntimeError(
             f"kopf change handlers registered ({ids}), but the operator runs kopf with NoDiffBase, under which "
             "they would not work: use on.event handlers and let the reconciler compare, or drop NoDiffBase"
@@ -66,6 +77,26 @@ def drop_echoes(echo: Callable[[Mapping[str, Any]], bool] | None) -> None:
     kopf takes the resource version of and passes to no handler (`run.echoes`); None: none."""
     global _echo
     _echo = echo
+
+
+def compare_listings(reconciler: Reconciler | None) -> None:
+    """From now on, each list kopf's watches make of ServeGraphs and RayServices (at the start,
+    and again after a watch gap: 410 Gone) is compared with what the reconciler holds, so what
+    was deleted in the gap is forgotten or repaired (`Reconciler.relisted`); None: not."""
+    if reconciler is None:
+        kopf_private.observe_listings(None)
+        return
+    kinds = {(GROUP, PLURAL): SERVEGRAPHS, (RAY_GROUP, RAY_PLURAL): RAYSERVICES}
+
+    def started(group: str, plural: str, namespace: str | None) -> int:
+        return reconciler.listing()
+
+    def ended(group: str, plural: str, namespace: str | None, listed: frozenset[tuple[str, str]], mark: int) -> None:
+        kind = kinds.get((group, plural))
+        if kind is not None:
+            reconciler.relisted(kind, namespace, listed, mark)
+
+    kopf_private.observe_listings(started, ended)
 
 
 def _watch_loads(text: str) -> Any:
@@ -106,25 +137,17 @@ _WATCH_JSON = types.SimpleNamespace(loads=_watch_loads)
 def decode_watch_events_with_orjson() -> bool:
     """Have kopf decode watch events with orjson: a third of the standard library's CPU.
 
-    kopf reads every event of a watch with `json.loads` and has no setting for the decoder,
-    so this replaces the `json` name in its API module, which it uses for nothing else. A
-    RayService event with a tenant's serve config (~15 KiB) decodes in 24 µs instead of 74.
-    The results are equal for what the API server sends: it never writes an integer beyond
-    64 bits (its own decoder turns such a number into a float), where orjson would round.
-    If a kopf release reads events another way, nothing is replaced: False, and a warning.
+    kopf reads every event of a watch with `json.loads` and has no setting for the decoder
+    (`kopf_private.install_watch_decoder` replaces it). A RayService event with a tenant's
+    serve config (~15 KiB) decodes in 24 µs instead of 74. The results are equal for what
+    the API server sends: it never writes an integer beyond 64 bits (its own decoder turns
+    such a number into a float), where orjson would round. If a kopf release reads events
+    another way, nothing is replaced: False, and a warning.
     """
-    from kopf._cogs.clients import api  # kopf's private module: checked before it is touched
-
-    current = getattr(api, "json", None)
-    if current is _WATCH_JSON:
+    if kopf_private.install_watch_decoder(_WATCH_JSON):
         return True
-    if current is not json:
-        logging.getLogger("servegraph.operator").warning(
-            "kopf no longer reads watch events with json.loads: left as is"
-        )
-        return False
-    setattr(api, "json", _WATCH_JSON)  # noqa: B010 - a private name mypy would refuse
-    return True
+    logging.getLogger("servegraph.operator").warning("kopf no longer reads watch events with json.loads: left as is")
+    return False
 
 
 def configure(settings: kopf.OperatorSettings, servegraph_selector: str = "") -> None:
@@ -143,3 +166,5 @@ def configure(settings: kopf.OperatorSettings, servegraph_selector: str = "") ->
     decode_watch_events_with_orjson()
     if servegraph_selector:
         settings.watching.label_selectors[GROUP, PLURAL] = servegraph_selector
+    # The HTTPRoutes of spec.expose: the operator's own only (KubeRay's and everyone else's are not delivered).
+    settings.watching.label_selectors[GATEWAY_GROUP, ROUTE_PLURAL] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"

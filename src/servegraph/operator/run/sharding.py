@@ -11,6 +11,10 @@ new one's as ADDED.
 The same rule, `owns`, is checked on the latest body before every write, and the status
 write carries the label as a JSON-patch precondition: a shard that is mid-reconcile when
 its ServeGraph is moved writes nothing the API server accepts after the move.
+
+Whoever edits a ServeGraph sets its label, so a shard is no boundary between tenants by
+itself: the pod policy (config/policy, `shardsFollowNamespaces`) holds the label to the
+namespace's, which only the administrator sets (docs/install.md#sharding).
 """
 
 from __future__ import annotations

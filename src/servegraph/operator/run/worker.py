@@ -7,8 +7,8 @@ import logging
 
 from servegraph.names import Key
 from servegraph.operator.fetch import parsing
+from servegraph.operator.queue import WorkQueue
 from servegraph.operator.reconcile import Reconciler, RetryLater
-from servegraph.operator.run.queue import WorkQueue
 
 log = logging.getLogger("servegraph.operator")
 

@@ -15,127 +15,28 @@ be RUNNING, which is what a user of the graph means by ready.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from servegraph.dag.model import Graph
 from servegraph.names import ConditionType
-from servegraph.operator.packed import pack_bytes, unpack_bytes
-from servegraph.operator.rollout.blockers import (
+from servegraph.operator import conditions
+from servegraph.operator.conditions import Condition
+from servegraph.operator.kuberay import (
     NO_APPLICATION,
     POD_HINT,
+    RUNNING,
     blocking_problem,
     first_app_problem,
-    mirror_apps,
+    traffic_split,
 )
-from servegraph.operator.status import conditions
-from servegraph.operator.status.conditions import Condition
+from servegraph.operator.values import Event, Observed
 
-RUNNING = "RUNNING"
 # The Warning event posted when a condition turns False, by condition type.
 WARNINGS = {
     ConditionType.FETCHED: "FetchFailed",
     ConditionType.GRAPH_VALID: "InvalidGraph",
     ConditionType.APPLIED: "ApplyFailed",
 }
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a reconcile step found, before it becomes status and events.
-
-    Each step (download, ownership, rollout, render, apply, suspension) returns its
-    own; the reconcile chains them with `then` and stops when one says `retry`. A
-    condition left None keeps its previous value (that step did not run or did not say).
-    """
-
-    fetched: Condition | None = None
-    valid: Condition | None = None
-    applied: Condition | None = None
-    events: tuple[Event, ...] = ()
-    retry: bool = False
-    progressing: Condition | None = None
-
-    def then(self, later: Outcome) -> Outcome:
-        """Both steps' findings: the later step's conditions win, events add up, either may ask to retry."""
-        return Outcome(
-            _latest(self.fetched, later.fetched),
-            _latest(self.valid, later.valid),
-            _latest(self.applied, later.applied),
-            self.events + later.events,
-            self.retry or later.retry,
-            _latest(self.progressing, later.progressing),
-        )
-
-
-def _latest(earlier: Condition | None, later: Condition | None) -> Condition | None:
-    return earlier if later is None else later
-
-
-@dataclass(frozen=True)
-class GoodGraph:
-    """A valid graph (the last downloaded, or a kept one): what the status and the rollout
-    read of it, and its bytes packed to parse again when it must be rendered.
-
-    Not the parsed model: a typical tenant's graph (~56 nodes) is ~20 KiB parsed and ~1 KiB
-    packed, so at 10,000 ServeGraphs keeping the model cost ~200 MiB for what a steady
-    cluster never reads. The renderer asks `rendering.parsed`, which takes it from the
-    recently parsed graphs (`WatchCache.graph`) or parses the packed bytes again."""
-
-    digest: str
-    name: str
-    version: str
-    applications: tuple[str, ...]
-    node_count: int
-    packed: bytes = field(repr=False)
-
-    @classmethod
-    def of(cls, graph: Graph, digest: str, data: bytes) -> GoodGraph:
-        """`data` are the graph's bytes as downloaded (or kept), `graph` what they parse to."""
-        names = tuple(a.name for a in graph.applications)
-        return cls(digest, graph.name, graph.version, names, graph.node_count, pack_bytes(data))
-
-    def data(self) -> bytes:
-        return unpack_bytes(self.packed)
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Everything `report` reads, gathered by the reconcile."""
-
-    outcome: Outcome
-    good: GoodGraph | None
-    etag: str | None
-    rayservice: str | None
-    """The RayService's name once one is desired; None before (no valid graph, or an invalid spec)."""
-    applications: Mapping[str, Any] | None
-    """Mirrored application statuses of the live RayService; None when it does not exist."""
-    upgrade: Mapping[str, Any] | None = None
-    """KubeRay's new-cluster upgrade in progress (mirror_upgrade), or None."""
-    pending: Mapping[str, Any] | None = None
-    """The Ray cluster KubeRay is starting and its applications (blockers.mirror_pending), or None."""
-    rollout: Mapping[str, Any] | None = None
-    """status.rollout as rollout.decide left it (None: no rollout yet, leave it out)."""
-    history: list[dict[str, Any]] | None = None
-    conflict: str | None = None
-    """Why the RayService of that name is not this ServeGraph's to write (drift.conflict), or None."""
-    still_current: frozenset[str] = frozenset(
-        {ConditionType.FETCHED, ConditionType.GRAPH_VALID, ConditionType.APPLIED, ConditionType.PROGRESSING}
-    )
-    """The conditions this reconcile did not recompute that still answer for this generation:
-    the source they were computed for is the one the spec names now. The others (a new URL,
-    pin or token whose download failed or has not run yet, an invalid spec) keep the
-    generation they were computed for, so an old success never reads as the new spec's."""
-    suspended: Condition | None = None
-    """The Ready condition of a suspended ServeGraph (operator/rollout/suspension.py): no RayService
-    runs, so none is mirrored; None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +118,8 @@ def report(old: Mapping[str, Any], generation: int, observed: Observed, now: str
         new["pending"] = dict(observed.pending)
     else:
         new.pop("pending", None)
+    if observed.layout is not None:
+        new["layout"] = dict(observed.layout)
     if observed.rollout is not None:
         new["rollout"] = dict(observed.rollout)
     if observed.history is not None:
@@ -259,38 +162,6 @@ def fold_events(events: list[Event]) -> list[Event]:
     return normal + [e for e in events if e.type != "Normal"]
 
 
-def mirror_upgrade(rayservice: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """KubeRay's new-cluster upgrade in progress, or None.
-
-    While KubeRay builds a pending cluster for a changed cluster spec, the active one
-    keeps serving the previous version: the status must say so, not Ready.
-    """
-    status = (rayservice or {}).get("status") or {}
-    pending = status.get("pendingServiceStatus") or {}
-    upgrading = any(
-        c.get("type") == "UpgradeInProgress" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
-    active = (status.get("activeServiceStatus") or {}).get("rayClusterName")
-    # A pending cluster without an active one is the first cluster starting, not an upgrade.
-    if not upgrading and not (pending.get("rayClusterName") and active):
-        return None
-    apps = pending.get("applicationStatuses") or {}
-    out: dict[str, Any] = {
-        "activeRayCluster": active or "",
-        "pendingRayCluster": pending.get("rayClusterName", ""),
-        "applications": {name: (apps[name] or {}).get("status", "") for name in sorted(apps)},
-    }
-    return out
-
-
-def mirror_applications(rayservice: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Per-application and per-deployment statuses of the active cluster (messages bounded)."""
-    if not rayservice:
-        return {}
-    active = (rayservice.get("status") or {}).get("activeServiceStatus") or {}
-    return mirror_apps(active.get("applicationStatuses"))
-
-
 def ready_condition(
     expected_apps: Sequence[str] | None,
     exists: bool,
@@ -308,6 +179,10 @@ def ready_condition(
     if upgrade:
         statuses = ", ".join(f"{a}: {s}" for a, s in upgrade["applications"].items()) or "no application status yet"
         why = blocking_problem({}, pending, expected)
+        split = traffic_split(upgrade)
+        if split is not None:  # KubeRay 1.7's incremental upgrade: both clusters serve meanwhile
+            reason = "RollbackInProgress" if upgrade.get("rollingBack") else "UpgradeInProgress"
+            return Condition(ConditionType.READY, False, reason, f"{split} ({statuses})" + (f"; {why}" if why else ""))
         return Condition(
             ConditionType.READY,
             False,
