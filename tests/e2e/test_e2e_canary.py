@@ -256,10 +256,10 @@ async def test_a_broken_version_mirrored_at_20_percent_reaches_no_client_and_abo
 
     last: list[int] = []
 
-    async def counted() -> dict[str, Any] | None:  # every client request counted, and the copies done
+    async def counted() -> dict[str, Any] | None:  # every client request counted, the copies unchanged for 2 s
         stats = await _stats(session, cluster)
         copies = stats["versions"].get("3", {}).get("mirror", {}).get("requests", 0)
-        settled = stats["versions"]["2"]["clients"]["requests"] >= 400 and copies and last[-1:] == [copies]
+        settled = stats["versions"]["2"]["clients"]["requests"] >= 400 and copies and last[-4:] == [copies] * 4
         last.append(copies)
         return stats if settled else None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,6 +74,15 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: servegr
 subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OPERATOR_USER}}}]
 """
     cp.kubectl("apply", "-f", "-", stdin=binding)
+    # The authorizer learns the binding from its informer a moment after it is stored: an
+    # operator started in that moment reads its one-time facts (the RayService CRD) as 403.
+    deadline = time.monotonic() + 30
+    while not allowed(
+        cp, OPERATOR_USER, "", "get", "apiextensions.k8s.io", "customresourcedefinitions", "rayservices.ray.io"
+    ):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the ClusterRoleBinding of {OPERATOR_USER} not in effect within 30 s")
+        time.sleep(0.1)
 
 
 @dataclass

@@ -154,7 +154,7 @@ def _report(case: str, **figures: float) -> None:
     log.info("chaos %s: %s", case, text)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # the first test also pays for the module's plane, operators and fleet
 async def test_etcd_outage_while_refreshes_download_and_events_arrive(
     plane: ControlPlane, fleet: Fleet, replicas: list[Replica], steady: Mark
 ) -> None:

@@ -27,6 +27,7 @@ from servegraph_testbed.node.gateway import CONTROLLER_NAME, HTTPS_NODE_PORT, NA
 from servegraph_testbed.node.stack import Stack
 from servegraph_testbed.waiting import eventually
 
+pytestmark = pytest.mark.timeout(1800)  # its waits (and the first test's module setup) pass 600 s under load
 HOST = "graph.example.test"
 SECRET = "public-tls"
 

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from node_support import (
     TEXT,
     LoadLoop,
@@ -47,6 +48,7 @@ from servegraph_testbed.rest import ApiError
 from servegraph_testbed.waiting import eventually
 
 MAX_SURGE, STEP, INTERVAL = 50, 25, 10
+pytestmark = pytest.mark.timeout(1800)  # its waits (and the first test's module setup) pass 600 s under load
 UPGRADE = {
     "upgradeStrategy": "NewClusterWithIncrementalUpgrade",
     "clusterUpgradeOptions": {
@@ -90,6 +92,7 @@ class Sampler:
     namespace: str
     name: str
     samples: list[Sample] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)  # reads that failed: a gap, not the end of sampling
     _task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Sampler:
@@ -102,7 +105,10 @@ class Sampler:
 
     async def _run(self) -> None:
         while True:
-            self.samples.append(await asyncio.to_thread(self.sample))
+            try:
+                self.samples.append(await asyncio.to_thread(self.sample))
+            except (ApiError, OSError, KeyError) as e:
+                self.missed.append(repr(e))
             await asyncio.sleep(1)
 
     def sample(self) -> Sample:
