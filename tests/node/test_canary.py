@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -319,7 +320,7 @@ async def test_a_new_leader_resumes_the_canary_at_its_step(stack: Stack, served:
         lease = stack.get("lease", ns, deployment)
         assert lease is not None
         leader = lease["spec"]["holderIdentity"].rsplit("_", 1)[0]
-        killed = time.monotonic()
+        killed, killed_at = time.monotonic(), datetime.now(UTC).replace(microsecond=0)
         stack.cp.kubectl("delete", "pod", leader, "-n", ns, "--grace-period=0", "--force")
 
         async def taken_over() -> bool:
@@ -327,8 +328,18 @@ async def test_a_new_leader_resumes_the_canary_at_its_step(stack: Stack, served:
             return now is not None and not now["spec"]["holderIdentity"].startswith(leader)
 
         await eventually(taken_over, within=120, interval=1, what="a new leader")
-        resumed = await canary(stack, served)
-        figure(f"leader killed mid-canary: new leader {time.monotonic() - killed:.1f} s later, at {resumed}")
+        took_over = time.monotonic() - killed
+
+        async def checked_by_the_new_leader() -> dict[str, Any] | None:  # evidence read after the kill
+            now = await canary_of(stack, served, "6", ("Weighted", "Promoted"))
+            at = ((now or {}).get("evidence") or {}).get("at")
+            return now if at and datetime.fromisoformat(at) > killed_at else None
+
+        resumed = await eventually(checked_by_the_new_leader, within=120, interval=1, what="the new leader's check")
+        figure(
+            f"leader killed mid-canary: new leader {took_over:.1f} s later, its first check of the canary "
+            f"{time.monotonic() - killed:.1f} s later, at {resumed}"
+        )
         assert resumed.get("stepStartedAt") == state["stepStartedAt"], "the step's clock started again"
         assert resumed.get("phase") in ("Weighted", "Promoted")
         sg = await wait_rolled_out(stack, served.namespace, NAME, "6", within=300)
