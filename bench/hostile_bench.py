@@ -49,6 +49,7 @@ from cryptography.x509.oid import NameOID  # noqa: E402
 
 from servegraph.source import FetchError, FetchRequest, RegistryClient, SourcePolicy  # noqa: E402
 from servegraph_testbed.certs import write_pki  # noqa: E402
+from servegraph_testbed.loopstall import LoopStall  # noqa: E402
 from servegraph_testbed.registry import Registry, RegistryServer  # noqa: E402
 
 TOKEN = "bench-token"
@@ -58,26 +59,11 @@ BROKEN = "-----BEGIN CERTIFICATE-----\nTUlJQnJva2Vu\n-----END CERTIFICATE-----\n
 
 
 async def longest_stall(work: Callable[[], Awaitable[Any]]) -> float:
-    """The loop's longest gap between two turns of a 1 ms ticker while `work` runs, in ms."""
-    loop = asyncio.get_running_loop()
-    worst = 0.0
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        nonlocal worst
-        last = loop.time()
-        while not done.is_set():
-            await asyncio.sleep(0.001)
-            now = loop.time()
-            worst, last = max(worst, now - last - 0.001), now
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.02)
-    with contextlib.suppress(FetchError, ssl.SSLError):
-        await work()
-    done.set()
-    await ticker
-    return worst * 1000
+    """The loop's longest stall (`LoopStall`, a 1 ms ticker) while `work` runs, in ms."""
+    async with LoopStall(settle_s=0.02) as stall:
+        with contextlib.suppress(FetchError, ssl.SSLError):
+            await work()
+    return stall.worst_ms
 
 
 # -- ca ---------------------------------------------------------------------------------------

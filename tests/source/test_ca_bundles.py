@@ -20,6 +20,7 @@ import trustme
 from support import REGISTRY_TOKEN as TOKEN
 
 from servegraph.source import FetchError, FetchRequest, RegistryClient, SourcePolicy
+from servegraph_testbed.loopstall import LoopStall
 from servegraph_testbed.registry import RegistryServer
 
 LOOPBACK = SourcePolicy.build(allowed_networks=["127.0.0.0/8", "::1/128"])
@@ -52,33 +53,18 @@ def one_call_ms(bundle: str) -> float:
 
 
 async def longest_stall_ms(work: Awaitable[object]) -> tuple[float, object]:
-    """The loop's longest gap between two turns of a 1 ms ticker while `work` runs.
+    """The loop's longest stall (`LoopStall`) while `work` runs, and its result or FetchError.
 
     The cyclic collector is off meanwhile (`no_collector`): in a whole test run the heap is
     large, and one full collection (100 ms, seen) is the collector's stall, not the bundle's;
     the operator runs with its collector tuned (`gcpause.tune_for_service`)."""
-    loop = asyncio.get_running_loop()
-    worst = 0.0
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        nonlocal worst
-        last = loop.time()
-        while not done.is_set():
-            await asyncio.sleep(0.001)
-            now = loop.time()
-            worst, last = max(worst, now - last - 0.001), now
-
     with no_collector():
-        ticker = asyncio.create_task(tick())
-        await asyncio.sleep(0.01)
-        try:
-            result: object = await work
-        except FetchError as exc:
-            result = exc
-        done.set()
-        await ticker
-    return worst * 1000, result
+        async with LoopStall(settle_s=0.01) as stall:
+            try:
+                result: object = await work
+            except FetchError as exc:
+                result = exc
+    return stall.worst_ms, result
 
 
 @contextlib.contextmanager
