@@ -85,6 +85,22 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OPERATOR_US
         time.sleep(0.1)
 
 
+SYSTEM_NS = "servegraph-system"
+"""The operator's own namespace, where its Lease and events token live."""
+
+
+def bind_leader_election_rbac(cp: ControlPlane, binding: str) -> None:
+    """The shipped ClusterRole and the Lease's Role (config/rbac) bound to the operator's
+    identity, for a test whose operators elect a leader; `binding` names the RoleBinding."""
+    bind_operator_rbac(cp)
+    cp.kubectl("create", "namespace", SYSTEM_NS, check=False)
+    cp.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "leader_election_role.yaml"))
+    cp.kubectl(
+        "create", "rolebinding", binding, "-n", SYSTEM_NS,
+        "--role=servegraph-operator-leader-election", f"--user={OPERATOR_USER}", check=False,
+    )  # fmt: skip
+
+
 @dataclass
 class Kit:
     """Admin-side helpers for one test namespace."""

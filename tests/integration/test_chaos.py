@@ -42,7 +42,7 @@ from chaos_support import (
     rayservice_writes,
 )
 from fault_support import retrying
-from sg_support import GROUP, OPERATOR_USER, PLURAL, VERSION, bind_operator_rbac
+from sg_support import GROUP, PLURAL, VERSION, bind_leader_election_rbac
 from support import REGISTRY_TOKEN, ROOT
 
 from servegraph_testbed import Binaries, ControlPlane
@@ -61,13 +61,7 @@ OUR_CRDS = ROOT / "config" / "crd"
 @pytest.fixture(scope="module")
 def plane(testenv_binaries: Binaries) -> Iterator[ControlPlane]:
     with ControlPlane(testenv_binaries, crds=[testenv_binaries.kuberay_crds, OUR_CRDS], audit=True) as cp:
-        bind_operator_rbac(cp)
-        cp.kubectl("create", "namespace", SYSTEM_NS)
-        cp.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "leader_election_role.yaml"))
-        cp.kubectl(
-            "create", "rolebinding", "leader-election-chaos", "-n", SYSTEM_NS,
-            "--role=servegraph-operator-leader-election", f"--user={OPERATOR_USER}",
-        )  # fmt: skip
+        bind_leader_election_rbac(cp, "leader-election-chaos")
         token = base64.b64encode(EVENTS_TOKEN.encode()).decode()
         cp.kubectl(
             "apply", "-f", "-",

@@ -28,9 +28,8 @@ import yaml
 from cloudevents.core.bindings.http import to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 from kubernetes_asyncio import client
-from sg_support import GROUP, OPERATOR_USER, PLURAL, VERSION, Kit, bind_operator_rbac
+from sg_support import GROUP, OPERATOR_USER, PLURAL, SYSTEM_NS, VERSION, Kit, bind_leader_election_rbac
 from stall_proxy import StallProxy
-from support import ROOT
 
 from servegraph.names import REFRESH_ANNOTATION
 from servegraph.operator.cache import SERVEGRAPHS
@@ -40,7 +39,6 @@ from servegraph_testbed import ControlPlane
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
 
-SYSTEM_NS = "servegraph-system"
 TOKEN = "lease-loss-events-token"
 LEASE = "servegraph-events-lease-loss"
 
@@ -63,13 +61,7 @@ def _proxied_kubeconfig(cp: ControlPlane, port: int, path: Path) -> Path:
 def _setup(cp: ControlPlane) -> None:
     """config/rbac for the operator, its events token, and a Lease someone else holds for an
     hour: the operator in this test never leads, its workers never run."""
-    bind_operator_rbac(cp)
-    cp.kubectl("create", "namespace", SYSTEM_NS, check=False)
-    cp.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "leader_election_role.yaml"))
-    cp.kubectl(
-        "create", "rolebinding", "leader-election-lease-loss", "-n", SYSTEM_NS,
-        "--role=servegraph-operator-leader-election", f"--user={OPERATOR_USER}", check=False,
-    )  # fmt: skip
+    bind_leader_election_rbac(cp, "leader-election-lease-loss")
     token = base64.b64encode(TOKEN.encode()).decode()
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     cp.kubectl(

@@ -20,15 +20,14 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_asyncio import client
-from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, sample_bytes, start_operator
+from sg_support import OPERATOR_USER, SYSTEM_NS, Kit, bind_leader_election_rbac, sample_bytes, start_operator
 from stall_proxy import StallProxy
-from support import REGISTRY_TOKEN, ROOT
+from support import REGISTRY_TOKEN
 
 from servegraph_testbed import WRITE_VERBS, Component, ControlPlane
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
 
-SYSTEM_NS = "servegraph-system"
 LEASE = "servegraph-operator-stall"
 POLLED = [f"p{i}" for i in range(10)]
 """Created half a second apart and polled every 10 s: the leader downloads and applies about
@@ -37,13 +36,7 @@ once a second, so it has writes in flight whenever its connection stalls."""
 
 @pytest.fixture(scope="module")
 def election(control_plane: ControlPlane) -> None:
-    bind_operator_rbac(control_plane)
-    control_plane.kubectl("create", "namespace", SYSTEM_NS, check=False)
-    control_plane.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "leader_election_role.yaml"))
-    control_plane.kubectl(
-        "create", "rolebinding", "leader-election-stall", "-n", SYSTEM_NS,
-        "--role=servegraph-operator-leader-election", f"--user={OPERATOR_USER}", check=False,
-    )  # fmt: skip
+    bind_leader_election_rbac(control_plane, "leader-election-stall")
 
 
 @pytest.fixture

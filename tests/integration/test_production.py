@@ -18,8 +18,8 @@ import pytest
 from cloudevents.core.bindings.http import HTTPMessage, to_binary_event, to_structured_event
 from cloudevents.core.v1.event import CloudEvent
 from kubernetes_asyncio import client
-from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, sample_bytes, start_operator
-from support import REGISTRY_TOKEN, ROOT, SAMPLES
+from sg_support import OPERATOR_USER, SYSTEM_NS, Kit, bind_leader_election_rbac, sample_bytes, start_operator
+from support import REGISTRY_TOKEN, SAMPLES
 
 from servegraph.graph import load_graph
 from servegraph.render import serve_config_yaml
@@ -27,7 +27,6 @@ from servegraph_testbed import WRITE_VERBS, Component, ControlPlane
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
 
-SYSTEM_NS = "servegraph-system"
 EVENTS_TOKEN = "ev3nts-t0ken-0f-the-test"
 LEASE = "servegraph-operator-test"
 
@@ -60,13 +59,7 @@ def replicas(control_plane: ControlPlane) -> Iterator[dict[str, Replica]]:
     """Two operator replicas with leader election, as the shipped manifests run them."""
     from servegraph_testbed.processes import free_port
 
-    bind_operator_rbac(control_plane)
-    control_plane.kubectl("create", "namespace", SYSTEM_NS, check=False)
-    control_plane.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "leader_election_role.yaml"))
-    control_plane.kubectl(
-        "create", "rolebinding", "leader-election-test", "-n", SYSTEM_NS,
-        "--role=servegraph-operator-leader-election", f"--user={OPERATOR_USER}", check=False,
-    )  # fmt: skip
+    bind_leader_election_rbac(control_plane, "leader-election-test")
     token = base64.b64encode(EVENTS_TOKEN.encode()).decode()
     control_plane.kubectl(
         "apply", "-f", "-",

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
-from sg_support import OPERATOR_USER, Kit, bind_operator_rbac, sample_bytes, start_operator
-from support import REGISTRY_TOKEN, ROOT
+from sg_support import OPERATOR_USER, SYSTEM_NS, Kit, bind_leader_election_rbac, sample_bytes, start_operator
+from support import REGISTRY_TOKEN
 
 from servegraph.kube import KubeClient, KubeError
 from servegraph.names import SHARD_LABEL
@@ -24,7 +24,6 @@ from servegraph_testbed import WRITE_VERBS, Component, ControlPlane
 from servegraph_testbed.registry import RegistryServer
 from servegraph_testbed.waiting import eventually
 
-SYSTEM_NS = "servegraph-system"
 STAYS = ["stay0", "stay1"]
 MOVED = ["move0", "move1", "move2", "move3"]
 GRAPHS = ("mini", "heterogeneous")
@@ -33,13 +32,7 @@ GRAPHS = ("mini", "heterogeneous")
 
 @pytest.fixture(scope="module")
 def shards(control_plane: ControlPlane) -> Iterator[dict[str, Component]]:
-    bind_operator_rbac(control_plane)
-    control_plane.kubectl("create", "namespace", SYSTEM_NS, check=False)
-    control_plane.kubectl("apply", "-f", str(ROOT / "config" / "rbac" / "leader_election_role.yaml"))
-    control_plane.kubectl(
-        "create", "rolebinding", "leader-election-shards", "-n", SYSTEM_NS,
-        "--role=servegraph-operator-leader-election", f"--user={OPERATOR_USER}", check=False,
-    )  # fmt: skip
+    bind_leader_election_rbac(control_plane, "leader-election-shards")
     running: dict[str, Component] = {}
     try:
         for shard in ("a", "b"):
