@@ -15,7 +15,10 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 class StallProxy:
@@ -42,6 +45,15 @@ class StallProxy:
             self._call(self._stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+    def kubeconfig(self, source: Path, path: Path) -> Path:
+        """A copy of the kubeconfig at `source` whose server is this proxy: the client's
+        traffic to the API server is what the test stalls."""
+        config = yaml.safe_load(source.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{self.port}"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
 
     def hold(self, direction: str = "both") -> None:
         """Stop forwarding: "up" (client to server), "down" (server to client) or "both"."""

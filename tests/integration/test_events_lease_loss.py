@@ -24,7 +24,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from cloudevents.core.bindings.http import to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 from kubernetes_asyncio import client
@@ -48,14 +47,6 @@ def proxy(control_plane: ControlPlane) -> Iterator[StallProxy]:
     p = StallProxy("127.0.0.1", control_plane.apiserver_port).start()
     yield p
     p.stop()
-
-
-def _proxied_kubeconfig(cp: ControlPlane, port: int, path: Path) -> Path:
-    config = yaml.safe_load(cp.kubeconfig(OPERATOR_USER).read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def _setup(cp: ControlPlane) -> None:
@@ -99,7 +90,7 @@ async def test_an_event_in_flight_when_the_lease_is_lost_is_still_refreshed(
     await asyncio.to_thread(_setup, control_plane)
     kit = Kit(admin_api, namespace, registry, ca_pem)
     sg = await kit.servegraph("published", "tenant-graph")
-    kubeconfig = _proxied_kubeconfig(control_plane, proxy.port, tmp_path / "kubeconfig-proxied.yaml")
+    kubeconfig = proxy.kubeconfig(control_plane.kubeconfig(OPERATOR_USER), tmp_path / "kubeconfig-proxied.yaml")
     options = Options(
         kubeconfig=str(kubeconfig),
         health_host="127.0.0.1",

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
 from sg_support import OPERATOR_USER, SYSTEM_NS, Kit, bind_leader_election_rbac, sample_bytes, start_operator
 from stall_proxy import StallProxy
@@ -54,14 +53,6 @@ async def kit(
     await k.secret("registry-token", {"token": REGISTRY_TOKEN})
     await k.secret("registry-ca", {"ca.crt": ca_pem})
     yield k
-
-
-def _proxied_kubeconfig(cp: ControlPlane, port: int, path: Path) -> Path:
-    config = yaml.safe_load(cp.kubeconfig(OPERATOR_USER).read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def _replica(cp: ControlPlane, name: str, kubeconfig: Path | None = None) -> Component:
@@ -103,7 +94,7 @@ async def test_a_stalled_leader_stops_before_the_standby_writes(
 ) -> None:
     cp = control_plane
     coord = client.CoordinationV1Api(admin_api)
-    kubeconfig = _proxied_kubeconfig(cp, proxy.port, tmp_path / "kubeconfig-proxied.yaml")
+    kubeconfig = proxy.kubeconfig(cp.kubeconfig(OPERATOR_USER), tmp_path / "kubeconfig-proxied.yaml")
     leader = await asyncio.to_thread(_replica, cp, "stall-a", kubeconfig)
     standby: Component | None = None
     flipping = True
