@@ -6,6 +6,7 @@ side application's builder gives its copies. On a real Ray: tests/e2e/test_e2e_c
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections import Counter
@@ -56,34 +57,61 @@ PINS = [("2", CANARY), ("canary", CANARY), ("1", LIVE), ("stable", LIVE)]
 @pytest.mark.parametrize(("pin", "route"), PINS)
 def test_a_pin_wins_over_weight_and_is_never_mirrored(pin: str, route: str) -> None:
     settings = _settings(weight=50, mirror=100)
-    assert choose(settings, "1", None, {"x-servegraph-version": pin}, _draws(99.0, 0.0)) == (route, False)
+    assert choose(settings, "1", None, {"x-servegraph-version": pin}, _draws(99.0), _draws(0.0)) == (route, False)
 
 
 def test_an_unknown_pin_is_ignored() -> None:
     settings = _settings(weight=50)
-    assert choose(settings, "1", None, {"x-servegraph-version": "7"}, _draws(10.0, 99.0)) == (CANARY, False)
-    assert choose(settings, "1", None, {"x-servegraph-version": "7"}, _draws(60.0, 99.0)) == (LIVE, False)
+    assert choose(settings, "1", None, {"x-servegraph-version": "7"}, _draws(10.0), _draws(99.0)) == (CANARY, False)
+    assert choose(settings, "1", None, {"x-servegraph-version": "7"}, _draws(60.0), _draws(99.0)) == (LIVE, False)
 
 
 def test_the_live_version_pinned_by_its_own_string_after_a_promote() -> None:
     settings = _settings(weight=0, live=Route("2", "a~000000000002", frozenset({"m"})))
-    assert choose(settings, "1", None, {"x-servegraph-version": "2"}, _draws(99.0)) == (CANARY, False)
+    assert choose(settings, "1", None, {"x-servegraph-version": "2"}, _draws(99.0), _draws()) == (CANARY, False)
     three = decode_settings(encode_settings(GRAPH, Route("2"), Route("3", weight=0), None))
-    assert choose(three, "1", None, {"x-servegraph-version": "2"}, _draws(99.0)) == (LIVE, False)
+    assert choose(three, "1", None, {"x-servegraph-version": "2"}, _draws(99.0), _draws()) == (LIVE, False)
 
 
 def test_the_weight_is_the_canary_share_and_mirrors_copy_only_live_requests() -> None:
     settings = _settings(weight=30, mirror=20)
     rng = random.Random(7)
+    split = ingress.Spread(rng.random() * 100)
     routes = Counter()
     mirrored = 0
     for _ in range(20_000):
-        route, mirror = choose(settings, "1", None, {}, lambda: rng.random() * 100)
+        route, mirror = choose(settings, "1", None, {}, split, lambda: rng.random() * 100)
         routes[route] += 1
         mirrored += mirror
         assert not (mirror and route == CANARY)
-    assert abs(routes[CANARY] / 20_000 - 0.30) < 0.015
+    assert abs(routes[CANARY] / 20_000 - 0.30) < 0.001
     assert abs(mirrored / routes[LIVE] - 0.20) < 0.015
+
+
+@pytest.mark.parametrize("weight", [1, 10, 25, 50, 90, 99])
+def test_the_canary_share_is_its_weight_over_every_stretch_of_requests_and_the_versions_take_turns(
+    weight: int,
+) -> None:
+    settings = _settings(weight=weight)
+    rng = random.Random(weight)
+    for start in (0.0, 37.5, 99.99, rng.random() * 100):
+        split = ingress.Spread(start)
+        routes = [choose(settings, "1", None, {}, split, _draws())[0] for _ in range(2_000)]
+        on_canary = 0
+        for n, route in enumerate(routes, 1):
+            on_canary += route == CANARY
+            assert abs(on_canary - n * weight / 100) <= 3, (start, n, on_canary)  # random draws: ~sqrt(n)/2
+        window = routes[1000:1100]  # any stretch, not only from the start
+        assert abs(window.count(CANARY) - weight) <= 3
+        if weight == 50:
+            assert (
+                max(len(list(run)) for _, run in itertools.groupby(routes)) <= 2
+            )  # turns, not runs: one version's replicas never queue behind a streak
+
+
+def test_each_ingress_replica_starts_its_sequence_at_its_own_point() -> None:
+    firsts = {ingress.Spread(random.Random(seed).random() * 100)() for seed in range(5)}
+    assert len(firsts) == 5
 
 
 @pytest.mark.parametrize("sticky", [Sticky(header="x-user"), Sticky(field="user")])
@@ -96,7 +124,7 @@ def test_a_sticky_key_stays_on_its_version_and_only_moves_to_the_canary_as_the_w
         for key in keys:
             headers = {"x-user": key} if sticky.header else {}
             payload = {"user": key} if sticky.field else None
-            seen = {choose(settings, "1", payload, headers, _draws(0.0, 0.0, 0.0))[0] for _ in range(3)}
+            seen = {choose(settings, "1", payload, headers, _draws(0.0), _draws(0.0))[0] for _ in range(3)}
             assert len(seen) == 1  # the same key, the same version, every time (the draws say canary)
             if seen == {CANARY}:
                 out.add(key)
@@ -107,10 +135,10 @@ def test_a_sticky_key_stays_on_its_version_and_only_moves_to_the_canary_as_the_w
     assert bucket("user-1") == bucket("user-1") == int(bucket("user-1"))  # blake2b, not Python's salted hash
 
 
-def test_a_request_without_the_sticky_key_is_chosen_at_random() -> None:
+def test_a_request_without_the_sticky_key_takes_the_next_point_of_the_spread() -> None:
     settings = _settings(weight=50, sticky=Sticky(header="x-user"))
-    assert choose(settings, "1", None, {}, _draws(10.0, 99.0))[0] == CANARY
-    assert choose(settings, "1", None, {}, _draws(90.0, 99.0))[0] == LIVE
+    assert choose(settings, "1", None, {}, _draws(10.0), _draws(99.0))[0] == CANARY
+    assert choose(settings, "1", None, {}, _draws(90.0), _draws(99.0))[0] == LIVE
 
 
 def test_the_route_header_is_the_ingress_alone_to_set() -> None:
