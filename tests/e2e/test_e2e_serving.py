@@ -68,7 +68,9 @@ async def test_splitter_sends_90_10_over_2000_requests(
     share = tags["stable"] / 2000
     print(f"splitter: stable {share:.2%}, candidate {tags['candidate'] / 2000:.2%} in {elapsed:.1f}s")
     assert set(tags) == {"stable", "candidate"}
-    assert 0.87 <= share <= 0.93, tags
+    # each splitter spreads its routes by a golden-ratio sequence: within ~3 requests of the
+    # weight per router replica (random draws strayed by ~13 requests at 1 sd)
+    assert abs(tags["stable"] - 1800) <= 12, tags
 
 
 async def test_user_config_change_reconfigures_the_running_replica(

@@ -29,7 +29,7 @@ from servegraph.dag.args import (
 from servegraph.dag.model import Call, Telemetry
 from servegraph.runtime import ingress
 from servegraph.runtime.calls import Child
-from servegraph.runtime.choice import SwitchChoice
+from servegraph.runtime.choice import Spread, SwitchChoice
 from servegraph.runtime.ingress import Admission, bucket, choose
 from servegraph.runtime.routers import SequenceRouter
 from servegraph.runtime.side import as_copy
@@ -76,7 +76,7 @@ def test_the_live_version_pinned_by_its_own_string_after_a_promote() -> None:
 def test_the_weight_is_the_canary_share_and_mirrors_copy_only_live_requests() -> None:
     settings = _settings(weight=30, mirror=20)
     rng = random.Random(7)
-    split = ingress.Spread(rng.random() * 100)
+    split = Spread(rng.random() * 100)
     routes = Counter()
     mirrored = 0
     for _ in range(20_000):
@@ -95,7 +95,7 @@ def test_the_canary_share_is_its_weight_over_every_stretch_of_requests_and_the_v
     settings = _settings(weight=weight)
     rng = random.Random(weight)
     for start in (0.0, 37.5, 99.99, rng.random() * 100):
-        split = ingress.Spread(start)
+        split = Spread(start)
         routes = [choose(settings, "1", None, {}, split, _draws())[0] for _ in range(2_000)]
         on_canary = 0
         for n, route in enumerate(routes, 1):
@@ -110,7 +110,7 @@ def test_the_canary_share_is_its_weight_over_every_stretch_of_requests_and_the_v
 
 
 def test_each_ingress_replica_starts_its_sequence_at_its_own_point() -> None:
-    firsts = {ingress.Spread(random.Random(seed).random() * 100)() for seed in range(5)}
+    firsts = {Spread(random.Random(seed).random() * 100)() for seed in range(5)}
     assert len(firsts) == 5
 
 

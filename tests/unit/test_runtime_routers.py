@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +11,6 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from servegraph.runtime import choice
 from servegraph.runtime.payload import normalize_headers, payload_from_body, switch_value
 from servegraph.runtime.routers import (
     Child,
@@ -162,11 +160,14 @@ async def test_user_children_get_only_the_payload_and_routers_get_route() -> Non
     assert leaf.handle.calls == [("__call__", {"q": 1})]
 
 
-async def test_splitter_follows_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_splitter_follows_the_weights_over_every_stretch_of_requests() -> None:
     splitter = SplitterRouter("split", [(user("stable", lambda p: "s"), 90), (user("canary", lambda p: "c"), 10)])
-    monkeypatch.setattr(choice, "_RNG", random.Random(7))
-    counts = Counter([await splitter.route(None, {}) for _ in range(10_000)])
-    assert 0.88 < counts["s"] / 10_000 < 0.92
+    picks = [await splitter.route(None, {}) for _ in range(10_000)]
+    for n in range(1, 10_001):
+        assert abs(picks[:n].count("c") - n / 10) <= 4, n  # random draws: ~15 at 10,000
+    three = SplitterRouter("s3", [(user(k, lambda p, k=k: k), w) for k, w in (("a", 20), ("b", 30), ("c", 50))])
+    counts = Counter([await three.route(None, {}) for _ in range(1_000)])
+    assert all(abs(counts[k] - w * 10) <= 4 for k, w in (("a", 20), ("b", 30), ("c", 50))), counts
     never = SplitterRouter("split", [(user("a", lambda p: "a"), 100), (user("b", lambda p: "b"), 0)])
     assert {await never.route(None, {}) for _ in range(200)} == {"a"}
 

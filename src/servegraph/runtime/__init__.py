@@ -34,7 +34,8 @@ How a request flows
   they are, other scalars as their JSON text: `true`, `3`, `null`) or a header
   value with each case's `equals`; the first equal case wins, otherwise (field
   or header missing, payload not an object, no match) the default.
-* `splitter`: picks one route per request at random with the given weights.
+* `splitter`: picks one route per request in proportion to the given weights
+  (spread evenly, not at random: `choice.Spread`).
 * A user deployment calling a router through a handle it was bound to gets the
   router's result as a Python value: `await router.remote(payload)`.
 * An exception in any node propagates to the ingress; Serve answers 500. A

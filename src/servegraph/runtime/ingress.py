@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from servegraph.dag.args import CANARY, LIVE, PIN_ALIASES, ROUTE_HEADER, VERSION_HEADER, Settings
+from servegraph.runtime.choice import Spread
 from servegraph.runtime.payload import Headers, switch_value
 
 logger = logging.getLogger("ray.serve")
@@ -41,27 +41,6 @@ MIRROR_CALLER = "mirror"
 def bucket(key: str) -> int:
     """0-99, the same for a key in every replica and every release (not Python's `hash`)."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % 100
-
-
-class Spread:
-    """Points in [0, 100) that cover it evenly: the golden-ratio Weyl sequence from a random start.
-
-    A split by random draws strays from its weight by ~sqrt(n)/2 requests (at 50 %, +/-5
-    points over 100 requests one time in three) and gives one version runs of requests, so its
-    replicas queue while the other's idle. Over any stretch of n points this one's share below
-    a weight is within ~log(n) requests of it (3.6 at most over 5,000, every weight 1-99), and
-    at 50 % a version never gets more than two in a row. The random start keeps the ingress
-    replicas apart. Every stride of the sequence is itself such a sequence, so a client whose
-    requests alternate in a period still gets each version at its weight."""
-
-    STEP = 100.0 * (math.sqrt(5.0) - 1.0) / 2.0
-
-    def __init__(self, start: float) -> None:
-        self._point = start % 100.0
-
-    def __call__(self) -> float:
-        self._point = (self._point + self.STEP) % 100.0
-        return self._point
 
 
 def choose(

@@ -168,7 +168,7 @@ class SwitchRouter(Router):
 
 
 class SplitterRouter(Router):
-    """Sends each request to one route at random, in proportion to the weights (canary, A/B).
+    """Sends each request to one route, in proportion to the weights (`SplitChoice`; canary, A/B).
 
     Called by another router, its choice is made there, as a switch's is."""
 
