@@ -1,9 +1,10 @@
 """The node tier: one real cluster (kubelet, containerd, CNI, kube-proxy, CoreDNS,
 controllers) with KubeRay and servegraph installed as users install them, for the session.
 
-Every test under tests/node is marked `node` and gets its own namespace, deleted (and
-waited for: the real garbage collector and namespace controller run here) afterwards,
-so the next test has the node's two CPUs to itself.
+Every test under tests/node is marked `node` and gets its own namespace. Afterwards its Ray
+pods are stopped at once, so the next test has the node's two CPUs to itself, and the
+namespace is deleted by the real garbage collector and namespace controller while the next
+test runs; the session waits for every one to be gone (`node_support.discard`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from node_support import FIGURES
+from node_support import FIGURES, discard, wait_discarded
 
 from servegraph_testbed.node.stack import Stack
 
@@ -68,14 +69,11 @@ async def stack() -> AsyncIterator[Stack]:
     """A NodeCluster (2 advertised GPUs) + KubeRay + servegraph (Helm, 2 replicas) + registry."""
     async with Stack() as s:
         yield s
+        wait_discarded(s)
 
 
 @pytest.fixture
 async def namespace(stack: Stack) -> AsyncIterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     yield name
-    # Ray pods would take their 30 s grace period to stop; the test is over, so stop them
-    # at once, then let the namespace controller delete the rest.
-    stack.cp.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=false", check=False)
-    out = stack.cp.kubectl("delete", "namespace", name, "--ignore-not-found", "--timeout=180s", check=False)
-    assert out.returncode == 0, f"namespace {name} not deleted in 180 s: {out.stderr}"
+    discard(stack, name)

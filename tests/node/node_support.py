@@ -30,6 +30,37 @@ def figure(text: str) -> None:
     print(text)
 
 
+DISCARDED: list[str] = []
+"""Namespaces a test is done with, still being deleted: the session checks they all went."""
+
+
+def discard(stack: Stack, namespace: str) -> None:
+    """Tear a test's namespace down without waiting for the namespace controller (10-16 s a
+    test): its ServeGraphs, then its RayServices and RayClusters, so neither servegraph nor
+    KubeRay makes a Ray pod again, then the pods at once (not their 30 s grace: the test is
+    over), so the next test has the node's CPUs; the namespace goes in the background, and
+    the session fails if it has not gone by its end (`wait_discarded`)."""
+    kinds = "servegraphs.servegraph.io,rayservices.ray.io,rayclusters.ray.io"
+    stack.cp.kubectl("delete", kinds, "--all", "-n", namespace, "--wait=false", check=False)
+    stack.cp.kubectl(
+        "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=false", check=False
+    )
+    stack.cp.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
+    DISCARDED.append(namespace)
+
+
+def wait_discarded(stack: Stack, within: float = 180) -> None:
+    """Every discarded namespace gone: a finalizer left behind or a stuck deletion fails here."""
+    deadline = time.monotonic() + within
+    left = list(DISCARDED)
+    while left and time.monotonic() < deadline:
+        left = [ns for ns in left if stack.get("namespace", "", ns) is not None]
+        if left:
+            time.sleep(1)
+    assert not left, f"namespaces not deleted {within:.0f} s after their tests: {left}"
+    DISCARDED.clear()
+
+
 # The samples ask for realistic pods (a 2-CPU/8 GiB head, 4-CPU workers); this node has
 # 2 CPUs in all. These overrides (spec.rayService) shrink the requests so two Ray
 # clusters fit at once (a new-cluster upgrade), and give Ray 1 logical CPU per pod.

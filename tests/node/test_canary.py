@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from google.protobuf import text_format
-from node_support import LoadLoop, deploy, figure, servegraph, wait_rolled_out
+from node_support import LoadLoop, deploy, discard, figure, servegraph, wait_rolled_out
 
 from servegraph.v1 import graph_pb2
 from servegraph_testbed.node.install import upgrade_servegraph
@@ -90,10 +90,7 @@ async def served(stack: Stack) -> AsyncIterator[Served]:
     registry_name = await deploy(stack, namespace, NAME, version("1"), rollout)
     await wait_rolled_out(stack, namespace, NAME, "1", within=600)
     yield Served(namespace, registry_name, stack.serve_url(namespace, NAME, ROUTE))
-    stack.cp.kubectl(
-        "delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=false", check=False
-    )
-    stack.cp.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--timeout=180s", check=False)
+    discard(stack, namespace)
 
 
 async def canary(stack: Stack, served: Served) -> dict[str, Any]:

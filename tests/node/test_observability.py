@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 from google.protobuf import text_format
-from node_support import deploy, wait_ready
+from node_support import deploy, discard, wait_ready
 from support import ROOT, SAMPLES
 
 from servegraph.v1 import graph_pb2
@@ -77,8 +77,7 @@ async def observed(stack: Stack, prometheus: Prometheus) -> AsyncIterator[Deploy
             stack.serve_url(namespace, "observed", "/strict"),
         )
     finally:
-        out = stack.cp.kubectl("delete", "namespace", namespace, "--timeout=180s", check=False)
-        assert out.returncode == 0, out.stderr
+        discard(stack, namespace)
 
 
 async def post(url: str, payload: Any, headers: dict[str, str] | None = None) -> tuple[int, Any, float]:
