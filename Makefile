@@ -48,23 +48,10 @@ lint: venv $(BUF)
 
 ## test: lint, type-check, then the whole suite: the fast tiers (unit, package, source, integration on the
 ## real control plane, e2e on real Ray), then the node tier (a real kubelet, KubeRay and Ray pods).
-## Two pytest runs, so no session fixture of one tier holds the 2 CPUs while the other runs.
-## On a cold machine the node's binaries (Traefik alone is ~8 min of Go build) and images build
-## in the background, at low priority, while the fast tiers run on the control plane's; warm,
-## both are found cached at once. A failed background build fails the target with its log.
-test: venv lint
-	@set -o pipefail; mkdir -p build; \
-	  cp_assets=$$(SERVEGRAPH_TESTBED_TIER=controlplane bash hack/testenv/build.sh | tail -n 1) || exit 1; \
-	  nice -n 19 bash -c 'set -eo pipefail; bash hack/testenv/build.sh | tail -n 1 > build/testbed-node.env; \
-	    SERVEGRAPH_TESTENV="$$(cat build/testbed-node.env)" $(PY) -m servegraph_testbed.images | tail -n 1 \
-	    > build/testbed-images.env' > build/testbed-node.log 2>&1 & \
-	  node_build=$$!; \
-	  SERVEGRAPH_TESTENV="$$cp_assets" $(PY) -m pytest tests/unit tests/package tests/source tests/integration tests/e2e $(PYTEST_ARGS); \
-	  fast=$$?; \
-	  wait $$node_build || { echo "the node's test bed did not build (build/testbed-node.log):"; tail -n 30 build/testbed-node.log; exit 1; }; \
-	  [ "$$fast" -eq 0 ] || exit "$$fast"; \
-	  SERVEGRAPH_TESTENV="$$(cat build/testbed-node.env)" SERVEGRAPH_IMAGES="$$(cat build/testbed-images.env)" \
-	    $(PY) -m pytest tests/node $(PYTEST_ARGS)
+## On a bare machine the Go builds start at once, beside the virtualenv, lint and the fast tiers
+## (hack/test.sh says how); warm, they are found cached.
+test:
+	@PYTEST_ARGS="$(PYTEST_ARGS)" bash hack/test.sh
 
 test-fast: venv
 	@$(TESTBED) && $(PY) -m pytest tests/unit tests/package tests/source tests/integration tests/e2e $(PYTEST_ARGS)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `make test`: lint and type-check, then the whole suite in two pytest runs — the fast tiers
+# (unit, package, source, integration on the real control plane, e2e on real Ray), then the
+# node tier (a real kubelet, KubeRay and Ray pods) — so no session fixture of one tier holds
+# the two CPUs while the other runs.
+#
+# On a bare machine the Go builds are most of the time (docs/testenv.md), so nothing waits
+# for them that need not: the control plane's binaries build from the first second, beside
+# the virtualenv and lint (they need neither); the node's binaries and images build at low
+# priority beside the fast tiers. Warm, every build is found cached at once. A failed build
+# fails the run with its log; every background build is waited for before exiting, so none
+# is left running.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+mkdir -p build
+
+SERVEGRAPH_TESTBED_TIER=controlplane bash hack/testenv/build.sh >build/testbed-cp.env 2>build/testbed-cp.log &
+cp_build=$!
+node_build=
+
+finish() {  # finish CODE WHAT: wait for the builds still running, then exit with CODE
+  if [[ -n "$node_build" ]]; then wait "$node_build"; fi
+  if [[ -n "$cp_build" ]]; then wait "$cp_build"; fi
+  if [[ -n "$2" ]]; then echo "make test: $2" >&2; fi
+  exit "$1"
+}
+
+make --no-print-directory venv || finish 1 "the virtualenv did not install"
+# Behind the control plane's build (build.sh holds a lock), at low priority: the node's
+# binaries, then its images (which need the virtualenv).
+nice -n 19 bash -c "set -eo pipefail; bash hack/testenv/build.sh | tail -n 1 > build/testbed-node.env
+  SERVEGRAPH_TESTENV=\"\$(cat build/testbed-node.env)\" $PY -m servegraph_testbed.images | tail -n 1 \
+    > build/testbed-images.env" >build/testbed-node.log 2>&1 &
+node_build=$!
+
+make --no-print-directory lint || finish 1 "lint failed"
+wait "$cp_build"
+cp=$?
+cp_build=
+if [[ "$cp" -ne 0 ]]; then
+  tail -n 30 build/testbed-cp.log
+  finish 1 "the control plane's test bed did not build (build/testbed-cp.log)"
+fi
+cp_assets=$(tail -n 1 build/testbed-cp.env)
+
+# shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
+SERVEGRAPH_TESTENV="$cp_assets" $PY -m pytest tests/unit tests/package tests/source tests/integration tests/e2e ${PYTEST_ARGS:-}
+fast=$?
+wait "$node_build"
+node=$?
+node_build=
+if [[ "$node" -ne 0 ]]; then
+  tail -n 30 build/testbed-node.log
+  finish 1 "the node's test bed did not build (build/testbed-node.log)"
+fi
+[[ "$fast" -eq 0 ]] || finish "$fast" ""
+# shellcheck disable=SC2086
+SERVEGRAPH_TESTENV="$(cat build/testbed-node.env)" SERVEGRAPH_IMAGES="$(cat build/testbed-images.env)" \
+  $PY -m pytest tests/node ${PYTEST_ARGS:-}
