@@ -26,6 +26,14 @@ finish() {  # finish CODE WHAT: wait for the builds still running, then exit wit
   exit "$1"
 }
 
+joined() {  # joined VAR LOG WHAT: wait for the build whose pid VAR holds; if it failed, its log and exit
+  local pid=${!1}
+  printf -v "$1" ''
+  wait "$pid" && return
+  tail -n 30 "$2"
+  finish 1 "$3 did not build ($2)"
+}
+
 make --no-print-directory venv || finish 1 "the virtualenv did not install"
 # Behind the control plane's build (build.sh holds a lock), at low priority: the node's
 # binaries, then its images (which need the virtualenv).
@@ -35,25 +43,13 @@ nice -n 19 bash -c "set -eo pipefail; bash hack/testenv/build.sh | tail -n 1 > b
 node_build=$!
 
 make --no-print-directory lint || finish 1 "lint failed"
-wait "$cp_build"
-cp=$?
-cp_build=
-if [[ "$cp" -ne 0 ]]; then
-  tail -n 30 build/testbed-cp.log
-  finish 1 "the control plane's test bed did not build (build/testbed-cp.log)"
-fi
+joined cp_build build/testbed-cp.log "the control plane's test bed"
 cp_assets=$(tail -n 1 build/testbed-cp.env)
 
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
 SERVEGRAPH_TESTENV="$cp_assets" $PY -m pytest tests/unit tests/package tests/source tests/integration tests/e2e ${PYTEST_ARGS:-}
 fast=$?
-wait "$node_build"
-node=$?
-node_build=
-if [[ "$node" -ne 0 ]]; then
-  tail -n 30 build/testbed-node.log
-  finish 1 "the node's test bed did not build (build/testbed-node.log)"
-fi
+joined node_build build/testbed-node.log "the node's test bed"
 [[ "$fast" -eq 0 ]] || finish "$fast" ""
 # shellcheck disable=SC2086
 SERVEGRAPH_TESTENV="$(cat build/testbed-node.env)" SERVEGRAPH_IMAGES="$(cat build/testbed-images.env)" \
