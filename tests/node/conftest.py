@@ -69,7 +69,7 @@ async def stack() -> AsyncIterator[Stack]:
     """A NodeCluster (2 advertised GPUs) + KubeRay + servegraph (Helm, 2 replicas) + registry."""
     async with Stack() as s:
         yield s
-        wait_discarded(s)
+        await wait_discarded(s)
 
 
 @pytest.fixture

@@ -49,16 +49,15 @@ def discard(stack: Stack, namespace: str) -> None:
     DISCARDED.append(namespace)
 
 
-def wait_discarded(stack: Stack, within: float = 180) -> None:
+async def wait_discarded(stack: Stack, within: float = 180) -> None:
     """Every discarded namespace gone: a finalizer left behind or a stuck deletion fails here."""
-    deadline = time.monotonic() + within
-    left = list(DISCARDED)
-    while left and time.monotonic() < deadline:
-        left = [ns for ns in left if stack.get("namespace", "", ns) is not None]
-        if left:
-            time.sleep(1)
-    assert not left, f"namespaces not deleted {within:.0f} s after their tests: {left}"
-    DISCARDED.clear()
+
+    async def gone() -> bool:
+        DISCARDED[:] = [ns for ns in DISCARDED if await asyncio.to_thread(stack.get, "namespace", "", ns)]
+        assert not DISCARDED, f"still there: {DISCARDED}"
+        return True
+
+    await eventually(gone, within=within, interval=1, what="every test's namespace deleted after its test")
 
 
 # The samples ask for realistic pods (a 2-CPU/8 GiB head, 4-CPU workers); this node has
