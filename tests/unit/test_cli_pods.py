@@ -128,6 +128,10 @@ def test_the_shipped_crd_is_config_crd() -> None:
         ),
         ({"source": SOURCE, "rayService": {"name": "x" * 48}}, "48 characters, over the limit of 47"),
         (
+            {"source": SOURCE, "rayService": {"rayClusterDeletionDelaySeconds": -1}},
+            "field spec.rayService.rayClusterDeletionDelaySeconds: -1 is below the minimum 0",
+        ),
+        (
             {"source": SOURCE, "rayService": {"head": {"resources": {"limits": {"cpu": 1.5}}}}},
             "is not integer or string",
         ),

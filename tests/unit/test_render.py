@@ -445,6 +445,29 @@ def test_the_rendered_autoscaler_options_pass_kuberays_schema(kuberay_crds: Path
     jsonschema.Draft7Validator(_closed(version["schema"]["openAPIV3Schema"])).validate(manifest)
 
 
+@pytest.mark.parametrize("delay", [None, 0, 5])
+def test_the_old_clusters_deletion_delay_is_kuberays_own_field_and_no_new_cluster(
+    kuberay_crds: Path, delay: int | None
+) -> None:
+    """Unset, KubeRay keeps its 60 s; set, the field is KubeRay's (in each supported release),
+    and changing it alone rewrites the RayService without building a new Ray cluster."""
+    from test_samples import _closed
+
+    ray_service = {} if delay is None else {"rayClusterDeletionDelaySeconds": delay}
+    spec = parse_spec(
+        {"source": {"url": "https://r/x", "tokenSecretRef": {"name": "t"}}, "rayService": ray_service}, "ns"
+    )
+    options = spec.rayservice_options("sg", "ns", {"uid": "u"})
+    manifest = render_rayservice(to_model(graph()), options)
+    assert manifest["spec"].get("rayClusterDeletionDelaySeconds") == delay
+    crd = yaml.safe_load((kuberay_crds / "ray.io_rayservices.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    jsonschema.Draft7Validator(_closed(version["schema"]["openAPIV3Schema"])).validate(manifest)
+    default = render_rayservice(to_model(graph()), replace(options, cluster_deletion_delay_s=None))
+    assert (manifest["metadata"]["annotations"] == default["metadata"]["annotations"]) == (delay is None)
+    assert manifest["spec"]["rayClusterConfig"] == default["spec"]["rayClusterConfig"]
+
+
 def test_inspect_marks_streaming_nodes_and_edges() -> None:
     from servegraph.render.inspect import describe
 

@@ -133,6 +133,8 @@ class RayServiceSpec:
     upgrade_strategy: UpgradeStrategy | None = None
     autoscaler: AutoscalerOptions = field(default_factory=AutoscalerOptions)
     serve_service: Mapping[str, Any] | None = None
+    cluster_deletion_delay_s: int | None = None
+    """`rayClusterDeletionDelaySeconds`; None: KubeRay's default (60 s)."""
 
     @property
     def strategy(self) -> str | None:
@@ -175,6 +177,7 @@ class ServeGraphSpec:
             upgrade_strategy=rs.upgrade_strategy,
             autoscaler=rs.autoscaler,
             serve_service=rs.serve_service,
+            cluster_deletion_delay_s=rs.cluster_deletion_delay_s,
             owner_references=(owner,),
         )
 
@@ -344,6 +347,7 @@ def parse_spec(
         problem = gateways.class_problem(str(gateway_class), "spec.rayService.clusterUpgradeOptions.gatewayClassName")
         if problem is not None:
             raise SpecError(problem)
+    delay = raw.get("rayClusterDeletionDelaySeconds")
     ray_service = RayServiceSpec(
         name=raw.get("name") or None,
         image=raw.get("image"),
@@ -353,6 +357,7 @@ def parse_spec(
         upgrade_strategy=_strategy(raw),
         autoscaler=_autoscaler(raw.get("autoscaler") or {}),
         serve_service=raw.get("serveService"),
+        cluster_deletion_delay_s=None if delay is None else int(delay),
     )
     return ServeGraphSpec(
         source=source,

@@ -138,6 +138,8 @@ class RayServiceOptions:
     autoscaler: AutoscalerOptions = AutoscalerOptions()
     """Used only where the in-tree autoscaler is on (a node autoscales, or an incremental upgrade)."""
     serve_service: Mapping[str, Any] | None = None
+    cluster_deletion_delay_s: int | None = None
+    """KubeRay's `rayClusterDeletionDelaySeconds` (in 1.6 and 1.7 alike); None leaves its default."""
     restarted_at: str | None = None
     """The ServeGraph's restart annotation, rendered into every pod template's annotations:
     a new value changes KubeRay's cluster hash, so it builds a new cluster and moves traffic."""
@@ -219,6 +221,8 @@ def render_rayservice(graph: model.Graph, options: RayServiceOptions) -> dict[st
         spec["upgradeStrategy"] = strategy.render()
     if options.serve_service is not None:
         spec["serveService"] = dict(options.serve_service)
+    if options.cluster_deletion_delay_s is not None:
+        spec["rayClusterDeletionDelaySeconds"] = options.cluster_deletion_delay_s
     if options.suspend:
         spec["suspend"] = True
     spec["serveConfigV2"] = options.serve_config or serve_config_yaml(graph, ready=options.canary_ready)
