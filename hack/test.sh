@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# `make test`: lint and type-check, then the whole suite in two pytest runs — the fast tiers
-# (unit, package, source, integration on the real control plane, e2e on real Ray), then the
-# node tier (a real kubelet, KubeRay and Ray pods) — so no session fixture of one tier holds
-# the two CPUs while the other runs.
+# `make test`: lint and type-check, then the whole suite in three pytest runs — the tiers that
+# need no Go binary (unit and source, which read KubeRay's CRDs, and e2e on real Ray), the
+# tiers on the real control plane (package, integration), then the node tier (a real kubelet,
+# KubeRay and Ray pods) — so no session fixture of one tier holds the two CPUs while the next runs.
 #
 # On a bare machine the Go builds are most of the time (docs/testenv.md), so nothing waits
-# for them that need not: the control plane's binaries build from the first second, beside
-# the virtualenv and lint (they need neither); the node's binaries and images build at low
-# priority beside the fast tiers. Warm, every build is found cached at once. A failed build
-# fails the run with its log; every background build is waited for before exiting, so none
-# is left running.
+# for them that need not: the control plane's binaries build from the first second, at a
+# lower priority than the virtualenv, lint and the first run beside them (KubeRay's and the
+# Gateway API's CRDs come from the module downloads, in seconds); the node's binaries and
+# images build at the lowest priority beside the fast tiers. Warm, every build is found
+# cached at once. A failed build fails the run with its log; every background build is
+# waited for before exiting, so none is left running.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 mkdir -p build
 
-SERVEGRAPH_TESTBED_TIER=controlplane bash hack/testenv/build.sh >build/testbed-cp.env 2>build/testbed-cp.log &
+SERVEGRAPH_TESTBED_TIER=manifests bash hack/testenv/build.sh >build/testbed-manifests.env 2>build/testbed-manifests.log || {
+  tail -n 30 build/testbed-manifests.log
+  echo "make test: KubeRay's and the Gateway API's CRDs were not found (build/testbed-manifests.log)" >&2
+  exit 1
+}
+SERVEGRAPH_TESTBED_TIER=controlplane nice -n 10 bash hack/testenv/build.sh >build/testbed-cp.env 2>build/testbed-cp.log &
 cp_build=$!
 node_build=
 
@@ -43,14 +49,18 @@ nice -n 19 bash -c "set -eo pipefail; bash hack/testenv/build.sh | tail -n 1 > b
 node_build=$!
 
 make --no-print-directory lint || finish 1 "lint failed"
-joined cp_build build/testbed-cp.log "the control plane's test bed"
-cp_assets=$(tail -n 1 build/testbed-cp.env)
-
+# The fast tiers in two runs: what needs no Go binary while the control plane builds, then
+# what runs it (the package tier's floors run integration tests too).
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of arguments
-SERVEGRAPH_TESTENV="$cp_assets" $PY -m pytest tests/unit tests/package tests/source tests/integration tests/e2e ${PYTEST_ARGS:-}
-fast=$?
+SERVEGRAPH_TESTENV="$(tail -n 1 build/testbed-manifests.env)" $PY -m pytest tests/unit tests/source tests/e2e ${PYTEST_ARGS:-}
+first=$?
+joined cp_build build/testbed-cp.log "the control plane's test bed"
+# shellcheck disable=SC2086
+SERVEGRAPH_TESTENV="$(tail -n 1 build/testbed-cp.env)" $PY -m pytest tests/package tests/integration ${PYTEST_ARGS:-}
+second=$?
 joined node_build build/testbed-node.log "the node's test bed"
-[[ "$fast" -eq 0 ]] || finish "$fast" ""
+[[ "$first" -eq 0 ]] || finish "$first" "the unit, source or e2e tier failed"
+[[ "$second" -eq 0 ]] || finish "$second" "the package or integration tier failed"
 # shellcheck disable=SC2086
 SERVEGRAPH_TESTENV="$(cat build/testbed-node.env)" SERVEGRAPH_IMAGES="$(cat build/testbed-images.env)" \
   $PY -m pytest tests/node ${PYTEST_ARGS:-}

@@ -10,7 +10,7 @@ import pytest
 import trustme
 from support import REGISTRY_TOKEN
 
-from servegraph_testbed import find_binaries
+from servegraph_testbed import find_manifests
 from servegraph_testbed.binaries import Binaries
 from servegraph_testbed.registry import Registry, RegistryServer
 
@@ -22,7 +22,7 @@ VERSIONS = Binaries(Path()).versions  # hack/testenv/versions.env: {"KUBERAY": "
 def kuberay_crds(request: pytest.FixtureRequest) -> Path:
     """KubeRay's own CRD files, from its Go module: every test of a render against them runs
     twice, against the KubeRay the test bed runs and the previous one servegraph supports."""
-    binaries = find_binaries()
+    binaries = find_manifests()
     return (binaries if request.param == "KUBERAY" else binaries.kuberay_previous).kuberay_crds
 
 

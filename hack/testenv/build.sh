@@ -17,7 +17,11 @@
 # kuberay-config/ with its kustomize tree, gateway-crds/ with the Gateway API's, and
 # kuberay-previous/ with the previous KubeRay's operator, crds/ and rbac/).
 #
-# SERVEGRAPH_TESTBED_TIER=controlplane skips the node's binaries and packages.
+# SERVEGRAPH_TESTBED_TIER=controlplane skips the node's binaries and packages;
+# SERVEGRAPH_TESTBED_TIER=manifests builds nothing: it prints a directory with only the
+# manifests above (crds/, rbac/, kuberay-config/, gateway-crds/, kuberay-previous/crds/ and
+# rbac/), which come from the Go module downloads, so the unit tier can run in the minutes a
+# cold build of the binaries takes.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -178,6 +182,56 @@ install_graphviz() {
 }
 install_graphviz
 
+# The file:// proxy first: it holds only what kuberay_module made (the proxy says 404 for the
+# rest, and the go command then asks the next one).
+mkdir -p "$cache/goproxy"
+export GOPROXY="file://$cache/goproxy,$(go env GOPROXY)"
+
+# module_dir DIR MODULE: where the module DIR's go.mod requires is unpacked (downloaded once).
+module_dir() {
+  (cd "$here/$1" && go mod download "$2" && go list -m -f '{{.Dir}}' "$2")
+}
+
+# copy_manifests DEST: KubeRay's CRDs, ClusterRole and kustomize tree, the previous KubeRay's
+# CRDs and ClusterRole, and the Gateway API's standard CRDs, laid out as Binaries reads them.
+copy_manifests() {
+  local dest="$1" moddir prevdir gwdir
+  moddir=$(module_dir kuberay github.com/ray-project/kuberay/ray-operator)
+  mkdir -p "$dest/crds" "$dest/rbac"
+  cp "$moddir"/config/crd/bases/ray.io_*.yaml "$dest/crds/"
+  # KubeRay's own kustomize install (config/default and what it references), for the
+  # node tier to install KubeRay exactly as its users do.
+  cp -r "$moddir/config" "$dest/kuberay-config"
+  cp "$moddir"/config/rbac/role.yaml "$dest/rbac/kuberay-operator-role.yaml"
+  # The previous KubeRay's CRDs and ClusterRole (its operator is linked beside them by the
+  # binaries' directory), for the unit and integration tiers.
+  prevdir=$(module_dir kuberay-previous github.com/ray-project/kuberay/ray-operator)
+  mkdir -p "$dest/kuberay-previous/crds" "$dest/kuberay-previous/rbac"
+  cp "$prevdir"/config/crd/bases/ray.io_*.yaml "$dest/kuberay-previous/crds/"
+  cp "$prevdir"/config/rbac/role.yaml "$dest/kuberay-previous/rbac/kuberay-operator-role.yaml"
+  # The Gateway API's standard CRDs, at the version KubeRay builds against: its incremental
+  # upgrade creates Gateways and HTTPRoutes. Traefik must build against the same minor
+  # version (it watches exactly the kinds and versions of its Gateway API module).
+  gwdir=$(module_dir kuberay sigs.k8s.io/gateway-api)
+  mkdir -p "$dest/gateway-crds"
+  cp "$gwdir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$dest/gateway-crds/"
+}
+
+if [[ "$tier" == manifests ]]; then
+  dir="$cache/manifests-1.kuberay-$KUBERAY_VERSION-$KUBERAY_PREVIOUS_VERSION"
+  if [[ ! -f "$dir/.complete" ]]; then
+    kuberay_module
+    rm -rf "$dir.tmp"
+    copy_manifests "$dir.tmp"
+    chmod -R u+w "$dir.tmp"
+    touch "$dir.tmp/.complete"
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+  fi
+  printf '%s\n' "$dir"
+  exit 0
+fi
+
 assets="${KUBEBUILDER_ASSETS:-}"
 k8s_cmds=(kubectl)
 if [[ -n "$assets" && -x "$assets/kube-apiserver" && -x "$assets/etcd" ]]; then
@@ -197,10 +251,6 @@ build_kubernetes "${k8s_cmds[@]}" >/dev/null
 k8s() { printf '%s\n' "$cache/$1-$KUBERNETES_VERSION/$1"; }
 [[ -n "${apiserver:-}" ]] || apiserver=$(k8s kube-apiserver)
 kubectl=$(k8s kubectl)
-# The file:// proxy first: it holds only what kuberay_module made (the proxy says 404 for the
-# rest, and the go command then asks the next one).
-mkdir -p "$cache/goproxy"
-export GOPROXY="file://$cache/goproxy,$(go env GOPROXY)"
 [[ -x "$cache/kuberay-operator-$KUBERAY_VERSION/kuberay-operator" ]] || kuberay_module
 kuberay=$(build kuberay "$KUBERAY_VERSION" kuberay-operator github.com/ray-project/kuberay/ray-operator)
 kuberay_previous=$(build kuberay-previous "$KUBERAY_PREVIOUS_VERSION" kuberay-operator github.com/ray-project/kuberay/ray-operator)
@@ -230,28 +280,11 @@ bin="$cache/bin-$key"
 # exactly the permissions it ships with. .complete is written last and marks a whole dir.
 if [[ ! -f "$bin/.complete" ]]; then
   rm -rf "$bin.tmp"
-  mkdir -p "$bin.tmp/crds" "$bin.tmp/rbac"
+  copy_manifests "$bin.tmp"
   for b in "$apiserver" "$etcd" "$kubectl" "$kuberay" "$helm" "${node_bins[@]}"; do
     ln -sf "$b" "$bin.tmp/$(basename "$b")"
   done
-  moddir=$(cd "$here/kuberay" && go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
-  cp "$moddir"/config/crd/bases/ray.io_*.yaml "$bin.tmp/crds/"
-  # KubeRay's own kustomize install (config/default and what it references), for the
-  # node tier to install KubeRay exactly as its users do.
-  cp -r "$moddir/config" "$bin.tmp/kuberay-config"
-  cp "$moddir"/config/rbac/role.yaml "$bin.tmp/rbac/kuberay-operator-role.yaml"
-  # The previous KubeRay: its operator, CRDs and ClusterRole, for the integration tier.
-  prevdir=$(cd "$here/kuberay-previous" && go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
-  mkdir -p "$bin.tmp/kuberay-previous/crds" "$bin.tmp/kuberay-previous/rbac"
   ln -sf "$kuberay_previous" "$bin.tmp/kuberay-previous/kuberay-operator"
-  cp "$prevdir"/config/crd/bases/ray.io_*.yaml "$bin.tmp/kuberay-previous/crds/"
-  cp "$prevdir"/config/rbac/role.yaml "$bin.tmp/kuberay-previous/rbac/kuberay-operator-role.yaml"
-  # The Gateway API's standard CRDs, at the version KubeRay builds against: its incremental
-  # upgrade creates Gateways and HTTPRoutes. Traefik must build against the same minor
-  # version (it watches exactly the kinds and versions of its Gateway API module).
-  gwdir=$(cd "$here/kuberay" && go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)
-  mkdir -p "$bin.tmp/gateway-crds"
-  cp "$gwdir"/config/crd/standard/gateway.networking.k8s.io_*.yaml "$bin.tmp/gateway-crds/"
   if [[ "$tier" == node ]]; then
     gw_kuberay=$(cd "$here/kuberay" && go list -m -f '{{.Version}}' sigs.k8s.io/gateway-api)
     gw_traefik=$(cd "$here/traefik" && go list -m -f '{{.Version}}' sigs.k8s.io/gateway-api)

@@ -7,7 +7,7 @@ For integration tests, bench/ and `make demo`; binaries come from hack/testenv/b
 """
 
 from servegraph_testbed.audit import WRITE_VERBS, AuditLog
-from servegraph_testbed.binaries import Binaries, BinariesNotFound, find_binaries
+from servegraph_testbed.binaries import Binaries, BinariesNotFound, find_binaries, find_manifests
 from servegraph_testbed.controlplane import ControlPlane
 from servegraph_testbed.identities import ADMIN, Identity, default_identities
 from servegraph_testbed.kuberay import KubeRayOperator
@@ -29,4 +29,5 @@ __all__ = [
     "Rest",
     "default_identities",
     "find_binaries",
+    "find_manifests",
 ]

@@ -133,6 +133,17 @@ class Binaries:
         """KubeRay's generated ClusterRole (config/rbac/role.yaml of its module)."""
         return self.root / "rbac" / "kuberay-operator-role.yaml"
 
+    def check_manifests(self) -> Binaries:
+        """Require KubeRay's CRDs, the previous KubeRay's and the Gateway API's (no binary)."""
+        needed = (self.kuberay_crds, self.kuberay_previous.kuberay_crds, self.gateway_crds)
+        missing = [str(d.relative_to(self.root)) for d in needed if not any(d.glob("*.yaml"))]
+        if missing:
+            raise BinariesNotFound(
+                f"{self.root} lacks {', '.join(missing)}; run hack/testenv/build.sh "
+                f"(SERVEGRAPH_TESTBED_TIER=manifests for these alone) and set {ENV_VAR} to the directory it prints last"
+            )
+        return self
+
     def check(self) -> Binaries:
         missing = [n for n in NAMES if not os.access(self.root / n, os.X_OK)]
         if missing:
@@ -143,14 +154,29 @@ class Binaries:
         return self
 
 
+def find_manifests() -> Binaries:
+    """The manifests of $SERVEGRAPH_TESTENV (binaries or not), else of build.sh's manifests
+    tier: KubeRay's and the Gateway API's CRDs come from module downloads, seconds where a
+    cold build of the binaries takes minutes, so what checks renders against them need not wait."""
+    if configured := os.environ.get(ENV_VAR):
+        return Binaries(Path(configured)).check_manifests()
+    return Binaries(_build(tier="manifests")).check_manifests()
+
+
 def find_binaries() -> Binaries:
     """$SERVEGRAPH_TESTENV if set, else run build.sh (building on first use) for the directory."""
     if configured := os.environ.get(ENV_VAR):
         return Binaries(Path(configured)).check()
+    return Binaries(_build()).check()
+
+
+def _build(tier: str | None = None) -> Path:
+    """The directory build.sh prints last (building what is missing)."""
     if not BUILD_SCRIPT.is_file():
         raise BinariesNotFound(f"{ENV_VAR} is not set and {BUILD_SCRIPT} does not exist")
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+    env = None if tier is None else {**os.environ, "SERVEGRAPH_TESTBED_TIER": tier}
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False, env=env)
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
         raise BinariesNotFound(f"{BUILD_SCRIPT} failed with exit code {result.returncode}")
-    return Binaries(Path(lines[-1])).check()
+    return Path(lines[-1])

@@ -14,7 +14,7 @@ from test_samples import _closed
 
 from servegraph.names import SPEC_HASH_ANNOTATION
 from servegraph.render.httproute import MAX_RULES, RouteError, RouteOptions, render_httproute, serve_service
-from servegraph_testbed import find_binaries
+from servegraph_testbed import find_manifests
 
 OPTIONS = RouteOptions(
     name="g", namespace="team-a", gateway_namespace="gateways", gateway_name="public", service="g-serve-svc"
@@ -55,7 +55,7 @@ def test_a_change_of_what_is_rendered_changes_its_hash() -> None:
 
 
 def test_the_route_passes_the_gateway_apis_schema() -> None:
-    crd_file = Path(find_binaries().gateway_crds) / "gateway.networking.k8s.io_httproutes.yaml"
+    crd_file = Path(find_manifests().gateway_crds) / "gateway.networking.k8s.io_httproutes.yaml"
     crd = yaml.safe_load(crd_file.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     options = replace(

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from servegraph.render.kuberay_features import KubeRayFeatures, NotARayServiceCRD
-from servegraph_testbed import find_binaries
+from servegraph_testbed import find_manifests
 
 
 def _crd(previous: bool) -> dict[str, Any]:
-    binaries = find_binaries()
+    binaries = find_manifests()
     crds = (binaries.kuberay_previous if previous else binaries).kuberay_crds
     crd: dict[str, Any] = yaml.load((crds / "ray.io_rayservices.yaml").read_text(), Loader=yaml.CSafeLoader)
     return crd
