@@ -27,7 +27,7 @@ from servegraph_testbed.node.routes import answer, ask
 from servegraph_testbed.node.stack import Stack
 
 NAME = "autoscaled"
-IDLE_TIMEOUT_S = 30
+IDLE_TIMEOUT_S = 15
 CONCURRENCY, DELAY_S, LOAD_FOR_S = 6, 0.5, 90.0
 BACK_WITHIN_S = 240.0
 
@@ -190,7 +190,8 @@ async def test_replicas_and_worker_pods_grow_under_load_and_shrink_after_it(stac
     assert first_replica is not None, f"no replica added in {LOAD_FOR_S:.0f} s of load ({requests} requests)"
     assert first_pod is not None, f"no worker pod added in {LOAD_FOR_S:.0f} s of load (peak {peak_replicas} replicas)"
 
-    # After the load: Serve's downscale_delay_s (5 s), then the autoscaler's idle timeout (30 s).
+    # After the load: Serve's downscale_delay_s (5 s), then the autoscaler's idle timeout
+    # (IDLE_TIMEOUT_S), then the pod's termination grace (30 s).
     replicas_back = await until_count("slow replicas after the load", slow, 1, BACK_WITHIN_S, stopped)
     pods_back = await until_count("worker pods after the load", workers, minimum, BACK_WITHIN_S, stopped)
     status, _ = await ask(url, payload)
