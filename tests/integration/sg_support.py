@@ -181,15 +181,27 @@ class Kit:
         return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
 
     async def wait_condition(
-        self, sg: str, type_: str, status: str, reason: str | None = None, within: float = 60
+        self,
+        sg: str,
+        type_: str,
+        status: str,
+        reason: str | None = None,
+        within: float = 60,
+        message: str | None = None,
     ) -> dict[str, Any]:
         async def check() -> dict[str, Any] | None:
             cond = await self.condition(sg, type_)
-            if cond and cond["status"] == status and (reason is None or cond["reason"] == reason):
+            if (
+                cond
+                and cond["status"] == status
+                and (reason is None or cond["reason"] == reason)
+                and (message is None or cond["message"] == message)
+            ):
                 return cond
             return None
 
-        return await eventually(check, within=within, what=f"{type_}={status} ({reason}) on ServeGraph {sg}")
+        said = "" if message is None else f": {message}"
+        return await eventually(check, within=within, what=f"{type_}={status} ({reason}){said} on ServeGraph {sg}")
 
     async def wait_rs(
         self, name: str, check: Callable[[dict[str, Any]], bool] = lambda _: True, within: float = 60

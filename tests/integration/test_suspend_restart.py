@@ -113,14 +113,7 @@ async def test_suspend_sets_kuberays_own_suspend_and_resume_runs_the_same_versio
     # the operator may not have read yet when the cluster is gone (a clean-clone run saw
     # "deletes its Ray cluster (Suspending)" at this point once).
     gone = "RayService g has spec.suspend: KubeRay deleted its Ray cluster (Suspended)"
-
-    async def reported() -> dict[str, Any] | None:
-        cond = await kit.condition("g", "Applied")
-        return (
-            cond if cond and (cond["status"], cond["reason"], cond["message"]) == ("True", "Suspended", gone) else None
-        )
-
-    await eventually(reported, within=60, what=f"Applied=True (Suspended): {gone}")
+    await kit.wait_condition("g", "Applied", "True", "Suspended", message=gone)
     writes = control_plane.audit_log.events(
         user=OPERATOR_USER, verbs=WRITE_VERBS, resource="rayservices", namespace=kit.namespace, since=mark
     )
