@@ -73,6 +73,48 @@ VERDICTS: list[tuple[str, Evidence, Analysis, bool, str, str]] = [
         'application "a", node "scorer": error rate 1 % (1 of 100 requests) over its 0.5 %',
     ),
     (
+        "one slow request in 43 is not a p99: no verdict yet",
+        healthy(requests=43, p99=186.0, live_p99=51.0),
+        Analysis(min_requests=40),
+        False,
+        "Waiting",
+        "error rate 0 % (0 of 43 requests); its p99 is judged from 100 requests, 43 so far",
+    ),
+    (
+        "errors are judged before the p99 can be",
+        healthy(requests=43, errors=4, p99=186.0, live_p99=51.0),
+        Analysis(min_requests=40),
+        False,
+        "Fail",
+        "error rate 9.3 % (4 of 43 requests) over the 1 % allowed",
+    ),
+    (
+        "a node's p99 over fewer than 100 of its requests is not judged",
+        Evidence(
+            "routers",
+            canary=Counts(400, 0, 40.0),
+            live=Counts(3600, 0, 38.0),
+            nodes=(NodeCounts("a", "rare", Counts(99, 0, 400.0), 38.0),),
+        ),
+        Analysis(nodes=(NodeThreshold("a", "rare", max_latency_ratio=2.0),)),
+        False,
+        "Pass",
+        "error rate 0 % (0 of 400 requests), p99 40 ms",
+    ),
+    (
+        "a node's p99 over 100 of its requests is",
+        Evidence(
+            "routers",
+            canary=Counts(400, 0, 40.0),
+            live=Counts(3600, 0, 38.0),
+            nodes=(NodeCounts("a", "rare", Counts(100, 0, 400.0), 38.0),),
+        ),
+        Analysis(nodes=(NodeThreshold("a", "rare", max_latency_ratio=2.0),)),
+        False,
+        "Fail",
+        'application "a", node "rare": p99 400 ms, 11x the live version\'s 38 ms (at most 2x)',
+    ),
+    (
         "mirroring judges the copies, not the client requests",
         Evidence("routers", canary=Counts(), live=Counts(500, 0, 30), mirrored=Counts(100, 50, 30)),
         Analysis(),
@@ -131,6 +173,16 @@ def test_failed_checks_count_up_to_the_limit() -> None:
     state = at(state, spec, failing, 20).state
     assert (state["phase"], state["failedChecks"]) == (WEIGHTED, 1)
     assert at(state, spec, failing, 40).phase == ABORTED
+
+
+def test_a_step_holds_past_its_pause_until_its_p99_is_judged() -> None:
+    spec = CanarySpec(steps=(CanaryStep(10, 20),), analysis=Analysis(min_requests=40))
+    state = at(start(spec, "2", "1", T0, None).state, spec, Facts(copies=True), 1).state
+    cold = Facts(copies=True, evidence=healthy(requests=60, p99=190.0, live_p99=50.0))
+    step = at(state, spec, cold, 30)
+    assert (step.phase, step.state["evidence"]["verdict"], step.state["failedChecks"]) == (WEIGHTED, "Waiting", 0)
+    diluted = Facts(copies=True, evidence=healthy(requests=120, p99=60.0, live_p99=50.0))
+    assert at(step.state, spec, diluted, 35).phase == PROMOTED
 
 
 def test_with_a_mirror_the_copies_come_first_then_the_steps() -> None:

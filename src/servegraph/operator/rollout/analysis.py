@@ -17,6 +17,12 @@ from servegraph.operator.spec import Analysis
 
 Verdict = Literal["Pass", "Fail", "Waiting"]
 
+P99_REQUESTS = 100
+"""Requests a p99 is judged on. Over fewer, the 99th percentile is the slowest request: one
+cold replica's first call (a handle's first lookup, a worker's import) would abort a good
+version, and the new version's few requests would be held to a stricter figure than the
+live version's many."""
+
 
 @dataclass(frozen=True)
 class Judged:
@@ -25,7 +31,12 @@ class Judged:
 
 
 def judge(evidence: Evidence, analysis: Analysis, mirroring: bool) -> Judged:
-    """Pass, Fail (naming the threshold, node and figure) or Waiting (too few requests yet)."""
+    """Pass, Fail (naming the threshold, node and figure) or Waiting (too few requests yet).
+
+    Errors are judged from `min_requests` on; latency from P99_REQUESTS on, the new version's
+    overall p99 waited for (the step holds), a node's skipped while it has fewer (as a node
+    with no requests is: a rarely taken branch must not hold every step).
+    """
     own = evidence.mirrored if mirroring else evidence.canary
     what = "mirrored requests" if mirroring else "requests"
     if own.requests < analysis.min_requests:
@@ -39,11 +50,14 @@ def judge(evidence: Evidence, analysis: Analysis, mirroring: bool) -> Judged:
         where = f'application "{found.application}", node "{found.node}"'
         if threshold.max_error_rate is not None and found.canary.error_rate > threshold.max_error_rate:
             return Judged("Fail", f"{where}: {_rate(found.canary)} over its {_pct(threshold.max_error_rate)}")
-        slow = _slower(found.canary.p99_ms, found.live_p99_ms, threshold.max_latency_ratio)
-        if slow:
-            return Judged("Fail", f"{where}: {slow}")
+        if found.canary.requests >= P99_REQUESTS:
+            slow = _slower(found.canary.p99_ms, found.live_p99_ms, threshold.max_latency_ratio)
+            if slow:
+                return Judged("Fail", f"{where}: {slow}")
     if own.error_rate > analysis.max_error_rate:
         return Judged("Fail", f"{_rate(own)} over the {_pct(analysis.max_error_rate)} allowed{_worst(evidence)}")
+    if own.requests < P99_REQUESTS:
+        return Judged("Waiting", f"{_rate(own)}; its p99 is judged from {P99_REQUESTS} {what}, {own.requests} so far")
     slow = _slower(own.p99_ms, evidence.live.p99_ms, analysis.max_latency_ratio)
     if slow:
         return Judged("Fail", slow + _slowest(evidence))
