@@ -62,7 +62,7 @@ VERDICTS: list[tuple[str, Evidence, Analysis, bool, str, str]] = [
         Analysis(max_latency_ratio=2.0),
         False,
         "Fail",
-        'p99 120 ms, 3x the live version\'s 40 ms (at most 2x); slowest at application "a", node "scorer"',
+        'p99 120 ms over 100 requests, 3x the live version\'s 40 ms (at most 2x); slowest at application "a", node "scorer"',
     ),
     (
         "a node's own threshold",
@@ -112,7 +112,7 @@ VERDICTS: list[tuple[str, Evidence, Analysis, bool, str, str]] = [
         Analysis(nodes=(NodeThreshold("a", "rare", max_latency_ratio=2.0),)),
         False,
         "Fail",
-        'application "a", node "rare": p99 400 ms, 11x the live version\'s 38 ms (at most 2x)',
+        'application "a", node "rare": p99 400 ms over 100 requests, 11x the live version\'s 38 ms (at most 2x)',
     ),
     (
         "mirroring judges the copies, not the client requests",

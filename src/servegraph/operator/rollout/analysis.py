@@ -51,14 +51,14 @@ def judge(evidence: Evidence, analysis: Analysis, mirroring: bool) -> Judged:
         if threshold.max_error_rate is not None and found.canary.error_rate > threshold.max_error_rate:
             return Judged("Fail", f"{where}: {_rate(found.canary)} over its {_pct(threshold.max_error_rate)}")
         if found.canary.requests >= P99_REQUESTS:
-            slow = _slower(found.canary.p99_ms, found.live_p99_ms, threshold.max_latency_ratio)
+            slow = _slower(found.canary, found.live_p99_ms, threshold.max_latency_ratio)
             if slow:
                 return Judged("Fail", f"{where}: {slow}")
     if own.error_rate > analysis.max_error_rate:
         return Judged("Fail", f"{_rate(own)} over the {_pct(analysis.max_error_rate)} allowed{_worst(evidence)}")
     if own.requests < P99_REQUESTS:
         return Judged("Waiting", f"{_rate(own)}; its p99 is judged from {P99_REQUESTS} {what}, {own.requests} so far")
-    slow = _slower(own.p99_ms, evidence.live.p99_ms, analysis.max_latency_ratio)
+    slow = _slower(own, evidence.live.p99_ms, analysis.max_latency_ratio)
     if slow:
         return Judged("Fail", slow + _slowest(evidence))
     return Judged("Pass", f"{_rate(own)}" + (f", p99 {own.p99_ms:.0f} ms" if own.p99_ms is not None else ""))
@@ -72,10 +72,14 @@ def _pct(rate: float) -> str:
     return f"{rate * 100:.3g} %"
 
 
-def _slower(p99: float | None, live: float | None, ratio: float | None) -> str:
+def _slower(c: Counts, live: float | None, ratio: float | None) -> str:
+    p99 = c.p99_ms
     if ratio is None or p99 is None or not live or p99 <= ratio * live:
         return ""
-    return f"p99 {p99:.0f} ms, {p99 / live:.2g}x the live version's {live:.0f} ms (at most {ratio:g}x)"
+    return (
+        f"p99 {p99:.0f} ms over {c.requests} requests, {p99 / live:.2g}x the live version's {live:.0f} ms"
+        f" (at most {ratio:g}x)"
+    )
 
 
 def _worst(evidence: Evidence) -> str:
