@@ -38,6 +38,16 @@ def healthy(requests: int = 100, errors: int = 0, p99: float = 40.0, live_p99: f
     )
 
 
+def rare_node(requests: int) -> Evidence:
+    """A healthy canary whose node "rare" answered `requests` of its requests 10x slower."""
+    return Evidence(
+        "routers",
+        canary=Counts(400, 0, 40.0),
+        live=Counts(3600, 0, 38.0),
+        nodes=(NodeCounts("a", "rare", Counts(requests, 0, 400.0), 38.0),),
+    )
+
+
 def at(state: dict[str, Any], spec: CanarySpec, facts: Facts, seconds: float) -> Any:
     return advance(spec, state, facts, T0 + seconds, DEADLINE)
 
@@ -90,12 +100,7 @@ VERDICTS: list[tuple[str, Evidence, Analysis, bool, str, str]] = [
     ),
     (
         "a node's p99 over fewer than 100 of its requests is not judged",
-        Evidence(
-            "routers",
-            canary=Counts(400, 0, 40.0),
-            live=Counts(3600, 0, 38.0),
-            nodes=(NodeCounts("a", "rare", Counts(99, 0, 400.0), 38.0),),
-        ),
+        rare_node(99),
         Analysis(nodes=(NodeThreshold("a", "rare", max_latency_ratio=2.0),)),
         False,
         "Pass",
@@ -103,12 +108,7 @@ VERDICTS: list[tuple[str, Evidence, Analysis, bool, str, str]] = [
     ),
     (
         "a node's p99 over 100 of its requests is",
-        Evidence(
-            "routers",
-            canary=Counts(400, 0, 40.0),
-            live=Counts(3600, 0, 38.0),
-            nodes=(NodeCounts("a", "rare", Counts(100, 0, 400.0), 38.0),),
-        ),
+        rare_node(100),
         Analysis(nodes=(NodeThreshold("a", "rare", max_latency_ratio=2.0),)),
         False,
         "Fail",

@@ -50,10 +50,9 @@ def judge(evidence: Evidence, analysis: Analysis, mirroring: bool) -> Judged:
         where = f'application "{found.application}", node "{found.node}"'
         if threshold.max_error_rate is not None and found.canary.error_rate > threshold.max_error_rate:
             return Judged("Fail", f"{where}: {_rate(found.canary)} over its {_pct(threshold.max_error_rate)}")
-        if found.canary.requests >= P99_REQUESTS:
-            slow = _slower(found.canary, found.live_p99_ms, threshold.max_latency_ratio)
-            if slow:
-                return Judged("Fail", f"{where}: {slow}")
+        slow = _slower(found.canary, found.live_p99_ms, threshold.max_latency_ratio)
+        if slow:
+            return Judged("Fail", f"{where}: {slow}")
     if own.error_rate > analysis.max_error_rate:
         return Judged("Fail", f"{_rate(own)} over the {_pct(analysis.max_error_rate)} allowed{_worst(evidence)}")
     if own.requests < P99_REQUESTS:
@@ -73,8 +72,9 @@ def _pct(rate: float) -> str:
 
 
 def _slower(c: Counts, live: float | None, ratio: float | None) -> str:
+    """Why `c` is too slow; "" when it is not, or has too few requests for a p99 to say."""
     p99 = c.p99_ms
-    if ratio is None or p99 is None or not live or p99 <= ratio * live:
+    if ratio is None or p99 is None or not live or c.requests < P99_REQUESTS or p99 <= ratio * live:
         return ""
     return (
         f"p99 {p99:.0f} ms over {c.requests} requests, {p99 / live:.2g}x the live version's {live:.0f} ms"
