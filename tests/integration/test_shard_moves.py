@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -125,19 +126,30 @@ async def test_relabelled_servegraphs_move_shards_under_load_without_interleaved
                 await kit.patch_sg(name, {"metadata": {"annotations": {"servegraph.io/refresh": str(published)}}})
             await asyncio.sleep(0.3)
 
+    async def rounds(n: int) -> None:
+        """Until n more rounds of publish and refresh have begun: the moves are spaced by work
+        done, not by wall time, so a starved machine slows the test instead of thinning the load."""
+        target = published + n
+        deadline = time.monotonic() + 120
+        while published < target:
+            if load.done():
+                load.result()  # a refused patch ended the load: raise it here
+                raise AssertionError("the load ended before it was stopped")
+            assert time.monotonic() < deadline, f"{n} more rounds of publish and refresh not begun within 120 s"
+            await asyncio.sleep(0.05)
+
     load = asyncio.create_task(publish_and_refresh())
     try:
-        await asyncio.sleep(1.0)
+        await rounds(2)  # every ServeGraph refreshed under shard a, before anything moves
         for name in MOVED:
             await _label(kit, name, "b")
-            await asyncio.sleep(0.4)
-        await asyncio.sleep(2.0)
+            await rounds(1)  # a publish between one move and the next
+        await rounds(3)  # and load after the last move
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await load
     final = GRAPHS[published % 2]
-    assert published >= 8, "too little load to prove anything"
 
     async def settled() -> bool:
         for name in STAYS + MOVED:
