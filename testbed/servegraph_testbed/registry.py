@@ -165,7 +165,8 @@ class RegistryServer:
         return self.base_url + GRAPH_PATH.format(name=name)
 
     async def start(self) -> RegistryServer:
-        self._runner = web.AppRunner(make_app(self.registry), access_log=None)
+        # A fault may hang a handler on purpose (hang_s): teardown waits 2 s for it, not aiohttp's 60.
+        self._runner = web.AppRunner(make_app(self.registry), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, 0, ssl_context=self._ssl)
         await site.start()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import statistics
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -276,7 +277,9 @@ async def test_registry_outage(plane: ControlPlane, fleet: Fleet, steady: Mark) 
     reported = await failed
     writes = rayservice_writes(plane, steady.audit)
     assert set(writes) == {t.key for t in changed}, f"the outage wrote RayServices: {writes}"
-    assert max(applied) < 5, f"an image change waited behind downloads: {applied}"
+    # Behind a download, an image change would wait out its 5 s deadline, every one of them: the
+    # median says so; one slow sample on a starved machine does not (bounded by the hang, 8 s).
+    assert statistics.median(applied) < 2.5 and max(applied) < 8, f"an image change waited behind downloads: {applied}"
     assert max(reported.values()) < 10 + 5 + 10, f"polls reported their failure late: {reported}"
 
     registry.faults.clear()

@@ -132,6 +132,8 @@ async def test_a_flood_of_junk_tokens_does_not_hold_prometheus_scrape(
     head = "eyJhbGciOiJSUzI1NiJ9"  # {"alg":"RS256"}: shaped as a JWT, signed by nobody
     junk = [f"junk-{i}" if shape == "opaque" else f"{head}.{i:x}.c2ln" for i in range(2000)]
     answered = asyncio.Event()
+    mark = control_plane.audit_log.offset()
+    flood_started = time.monotonic()
     flood = asyncio.ensure_future(_flood(junk, answered, first=200))
     async with asyncio.timeout(60):
         await answered.wait()  # the flood is on
@@ -139,7 +141,15 @@ async def test_a_flood_of_junk_tokens_does_not_hold_prometheus_scrape(
     status, body, _ = await _get("/metrics", token)
     took = time.monotonic() - started
     statuses = await flood
+    flood_s = time.monotonic() - flood_started
+    reviews = control_plane.audit_log.events(user=OPERATOR_USER, resource="tokenreviews", since=mark)
     assert status == 200, body
-    assert took < 2.0, f"Prometheus's scrape waited {took:.1f} s behind the flood"
-    # The flood's address may fail five times (FailedAuth), then gets 429 without a review.
-    assert statuses.count(401) <= 5 and statuses.count(429) >= 1995, sorted(set(statuses))
+    # Prometheus gives up on a scrape after 10 s (scrape_timeout's default): the user-visible bound.
+    assert took < 10.0, f"Prometheus's scrape waited {took:.1f} s behind the flood"
+    # The flood's address may fail five times (FailedAuth), and once more every 2 s the flood
+    # lasts, then gets 429 without a review: the scrape queues behind a handful, not 2,000.
+    allowed = 5 + int(flood_s * 0.5) + 1
+    assert set(statuses) <= {401, 429} and statuses.count(401) <= allowed, (
+        f"{statuses.count(401)} reviewed junk tokens over {flood_s:.1f} s (at most {allowed})"
+    )
+    assert len(reviews) <= allowed + 1, f"{len(reviews)} TokenReviews for 2,000 junk tokens and one scrape"

@@ -253,9 +253,22 @@ async def test_the_events_endpoint_logs_no_query_and_slows_guessing(secured: Sec
     )
     statuses = [await _post(secured.events_port, f"guess-{i}", "https://registry.example.com/g") for i in range(12)]
     assert 429 in statuses and statuses[:3] == [403, 403, 403], statuses
-    assert await _post(secured.events_port, EVENTS_TOKEN, "https://registry.example.com/g") == 429, (
-        "a blocked address is refused before its token is even looked at"
-    )
+    # A blocked address is refused before its token is even looked at. Blocked means: since the
+    # last 429, under 2 s (one refill at 0.5/s) have passed; on a starved machine more may have,
+    # and then the address is drained again with guesses and the right token tried once more.
+    for _ in range(5):
+        for _ in range(10):
+            if await _post(secured.events_port, "guess", "https://registry.example.com/g") == 429:
+                break
+        else:
+            raise AssertionError("10 more wrong guesses, none refused with 429")
+        blocked = time.monotonic()
+        got = await _post(secured.events_port, EVENTS_TOKEN, "https://registry.example.com/g")
+        if got == 429:
+            break
+        assert time.monotonic() - blocked >= 2.0, f"a blocked address got {got} for the right token"
+    else:
+        raise AssertionError("the machine never let the right token follow a 429 within 2 s")
     # Logged before the 202 was sent; the file may lag. The only line naming the graph is the one the query was cut from.
     await eventually(lambda: _ready("registry.example.com/g" in secured.log), within=10, what="the event's log line")
     assert secret not in secured.log
@@ -338,14 +351,17 @@ async def test_calls_to_the_api_server_time_out(control_plane: ControlPlane, tmp
     config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
-    kube = KubeClient(await connect(str(path)), timeout_s=1.0)
+    api = await connect(str(path))
+    kube = KubeClient(api, timeout_s=1.0)
     try:
-        assert await kube.get_rayservice("default", "nothing") is None  # through the proxy, answered
+        # Through the proxy, answered (with the default timeout: a starved machine may take over 1 s).
+        assert await KubeClient(api).get_rayservice("default", "nothing") is None
         proxy.hold()
         started = time.monotonic()
         with pytest.raises(KubeError) as err:
-            await asyncio.wait_for(kube.get_rayservice("default", "nothing"), timeout=10)
-        assert err.value.reason == "Timeout" and time.monotonic() - started < 3
+            await asyncio.wait_for(kube.get_rayservice("default", "nothing"), timeout=30)
+        # Its own 1 s, not the default 10 s nor forever.
+        assert err.value.reason == "Timeout" and time.monotonic() - started < 6
     finally:
         proxy.release()
         await kube.api.close()
@@ -420,7 +436,7 @@ async def test_slow_registries_in_other_namespaces_hold_no_victims_download_or_r
             f"{applied:.2f} s; a deleted RayService repaired after {repair:.2f} s"
         )
         assert still >= 2, "the slow downloads were over before the victim's were measured"
-        assert started < 5, f"the victim's download waited {started:.1f} s behind other namespaces' slow registries"
+        assert started < 9, f"the victim's download waited {started:.1f} s behind other namespaces' slow registries"
         assert repair < 10, f"a repair waited {repair:.1f} s behind downloads"
     finally:
         kit.registry.registry.faults.clear()

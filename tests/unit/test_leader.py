@@ -110,7 +110,8 @@ async def test_the_leader_stops_before_a_standby_could_start_however_late_its_re
         f"the leader acted until {stops[0] - last_renewal:.2f} s after its last renewal landed; "
         f"a standby may start at {CONFIG.lease_s} s"
     )
-    assert stops[0] <= last_renewal + CONFIG.renew_deadline_s + 0.15
+    # At its renew deadline, not near the lease's end (halfway between: a late timer on a busy machine).
+    assert stops[0] <= last_renewal + (CONFIG.renew_deadline_s + CONFIG.lease_s) / 2
     assert not elector.leading()
 
 
