@@ -289,10 +289,13 @@ async def test_steady_state_makes_no_writes(kit: Kit, control_plane: ControlPlan
 
     # (Only this namespace: elsewhere other tests' rollouts, which never become Ready
     # without Ray, reach their progress deadline and say so.)
+    # Settled: 3 s without a write in the namespace by anyone, KubeRay included. The operator's
+    # writes answer KubeRay's status writes, and on a starved machine one of those can come
+    # later than 3 s after the operator's last.
     async def quiet() -> bool:
         mark = audit.offset()
         await asyncio.sleep(3)
-        return not audit.events(user=OPERATOR_USER, verbs=WRITE_VERBS, since=mark, namespace=kit.namespace)
+        return not audit.events(verbs=WRITE_VERBS, since=mark, namespace=kit.namespace)
 
     await eventually(quiet, within=60, what="the operator to settle")
     mark = audit.offset()
