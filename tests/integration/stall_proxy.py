@@ -56,13 +56,16 @@ class StallProxy:
         return path
 
     def hold(self, direction: str = "both") -> None:
-        """Stop forwarding: "up" (client to server), "down" (server to client) or "both"."""
-        for d in self._directions(direction):
-            self._loop.call_soon_threadsafe(self._open[d].clear)
+        """Stop forwarding: "up" (client to server), "down" (server to client) or "both".
+        In effect when this returns: nothing is forwarded after it (what was, may still land)."""
+        self._call(self._gate(direction, False))
 
     def release(self, direction: str = "both") -> None:
+        self._call(self._gate(direction, True))
+
+    async def _gate(self, direction: str, open_: bool) -> None:
         for d in self._directions(direction):
-            self._loop.call_soon_threadsafe(self._open[d].set)
+            (self._open[d].set if open_ else self._open[d].clear)()
 
     @staticmethod
     def _directions(direction: str) -> tuple[str, ...]:
@@ -73,7 +76,6 @@ class StallProxy:
 
     async def _start(self) -> int:
         self._open = {"up": asyncio.Event(), "down": asyncio.Event()}
-        self.release()
         for event in self._open.values():
             event.set()
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)

@@ -125,6 +125,10 @@ async def test_a_stalled_leader_stops_before_the_standby_writes(
         proxy.hold()
         stalled = time.monotonic()
         lost = asyncio.create_task(_when_logged(leader, "lost leadership"))
+        # What the proxy forwarded before the hold may still land (the API server, starved on a
+        # busy machine, can take seconds): "while stalled" starts once the old leader's landed
+        # writes stop growing.
+        quiet = await _settled(cp, "stall-a", mark)
         await eventually(lambda: _is(coord, "stall-b"), within=60, what="stall-b to take the lease")
         took_over = time.monotonic() - stalled
         assert lost.done(), "the standby holds the lease and the old leader has not stopped"
@@ -136,7 +140,7 @@ async def test_a_stalled_leader_stops_before_the_standby_writes(
             return writes[0] if writes else None
 
         first = await eventually(standby_wrote, within=60, what="the standby's first write")
-        held = _landed_writes(cp, "stall-a", mark)
+        held = _landed_writes(cp, "stall-a", quiet)
         assert held == [], "the stalled leader's writes landed while it was stalled"
 
         proxy.release()  # whatever the old leader left in flight may now arrive
@@ -163,6 +167,21 @@ async def test_a_stalled_leader_stops_before_the_standby_writes(
         await kit.custom.delete_collection_namespaced_custom_object(
             "servegraph.io", "v1alpha1", kit.namespace, "servegraphs"
         )
+
+
+async def _settled(cp: ControlPlane, replica: str, since: int) -> int:
+    """An audit-log mark after which none of the replica's in-flight writes are still landing:
+    taken once its landed writes since `since` have not grown for 2 s."""
+    deadline = time.monotonic() + 30
+    count = -1
+    while True:
+        mark = cp.audit_log.offset()
+        now = len(_landed_writes(cp, replica, since))
+        if now == count:
+            return mark
+        assert time.monotonic() < deadline, f"{replica}'s writes kept landing for 30 s after the hold"
+        count = now
+        await asyncio.sleep(2)
 
 
 async def _when_logged(component: Component, text: str) -> float:

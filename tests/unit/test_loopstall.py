@@ -5,14 +5,13 @@ the work under test, not for a busy machine."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from servegraph_testbed import loopstall
 from servegraph_testbed.loopstall import LoopStall
 
 
@@ -51,50 +50,22 @@ async def test_an_idle_loop_shows_no_stall() -> None:
     assert stall.worst_ms < 50, stall.worst_ms
 
 
-CHILD = """
-import asyncio, json, os, time
-from servegraph_testbed.loopstall import LoopStall
-
-async def main():
-    os.nice(19)  # after the imports, which would crawl at this priority
-    gaps, last = [], time.monotonic()
-    async def wall():
-        nonlocal last
-        while True:
-            await asyncio.sleep(0.001)
-            gaps.append(time.monotonic() - last - 0.001)
-            last = time.monotonic()
-    watching = asyncio.create_task(wall())
+async def test_the_run_queue_wait_in_a_gap_is_left_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The kernel's figure stood in by a file: a 100 ms gap of which the thread waited 95 ms
+    for a CPU is a 5 ms stall. (By hand on this machine, an idle loop at nice 19 beside a busy
+    process on its CPU: 106 ms wall-clock gaps, 0.3 ms stall.)"""
+    schedstat = tmp_path / "schedstat"
+    schedstat.write_text("0 0 1\n")
+    monkeypatch.setattr(loopstall, "SCHEDSTAT", schedstat)
     async with LoopStall() as stall:
-        await asyncio.sleep(1.5)
-    watching.cancel()
-    print(json.dumps({"stall_ms": stall.worst_ms, "wall_ms": max(gaps) * 1000}))
-
-asyncio.run(main())
-"""
+        time.sleep(0.1)  # noqa: ASYNC251  # the gap
+        schedstat.write_text("5000000 95000000 2\n")  # of which 95 ms runnable, waiting
+    assert 3 <= stall.worst_ms < 50, stall.worst_ms
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux's schedstat")
-def test_a_starved_loop_is_not_a_stalled_loop() -> None:
-    """An idle loop at nice 19 sharing one CPU with a busy process at nice 0: its wall-clock
-    gaps are the scheduler's (long), and LoopStall leaves them out."""
-    cpu = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen(
-        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu})
-    )
-    try:
-        time.sleep(0.2)
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD],
-            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    finally:
-        hog.kill()
-        hog.wait()
-    got = json.loads(out.stdout)
-    assert got["wall_ms"] >= 20, f"the busy process never starved the loop: {got}"
-    assert got["stall_ms"] < 10, f"a starved loop counted as stalled: {got}"
+def test_the_kernel_says_how_long_a_thread_waited() -> None:
+    """The second field of /proc/thread-self/schedstat, which LoopStall reads, is there here."""
+    if not loopstall.SCHEDSTAT.exists():
+        pytest.skip("no /proc/thread-self/schedstat: LoopStall falls back to the wall clock")
+    fields = loopstall.SCHEDSTAT.read_text().split()
+    assert len(fields) == 3 and all(f.isdigit() for f in fields) and int(fields[0]) > 0, fields
