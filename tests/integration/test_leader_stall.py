@@ -172,16 +172,14 @@ async def test_a_stalled_leader_stops_before_the_standby_writes(
 async def _settled(cp: ControlPlane, replica: str, since: int) -> int:
     """An audit-log mark after which none of the replica's in-flight writes are still landing:
     taken once its landed writes since `since` have not grown for 2 s."""
-    deadline = time.monotonic() + 30
-    count = -1
-    while True:
+    counts: list[int] = []
+
+    async def unchanged() -> int | None:
         mark = cp.audit_log.offset()
-        now = len(_landed_writes(cp, replica, since))
-        if now == count:
-            return mark
-        assert time.monotonic() < deadline, f"{replica}'s writes kept landing for 30 s after the hold"
-        count = now
-        await asyncio.sleep(2)
+        counts.append(len(_landed_writes(cp, replica, since)))
+        return mark if counts[-2:-1] == counts[-1:] else None
+
+    return await eventually(unchanged, within=30, interval=2, what=f"{replica}'s writes to stop landing after the hold")
 
 
 async def _when_logged(component: Component, text: str) -> float:

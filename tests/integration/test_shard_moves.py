@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -130,13 +129,14 @@ async def test_relabelled_servegraphs_move_shards_under_load_without_interleaved
         """Until n more rounds of publish and refresh have begun: the moves are spaced by work
         done, not by wall time, so a starved machine slows the test instead of thinning the load."""
         target = published + n
-        deadline = time.monotonic() + 120
-        while published < target:
-            if load.done():
-                load.result()  # a refused patch ended the load: raise it here
-                raise AssertionError("the load ended before it was stopped")
-            assert time.monotonic() < deadline, f"{n} more rounds of publish and refresh not begun within 120 s"
-            await asyncio.sleep(0.05)
+
+        async def begun() -> bool:
+            return published >= target or load.done()
+
+        await eventually(begun, within=120, interval=0.05, what=f"{n} more rounds of publish and refresh")
+        if load.done():
+            load.result()  # a refused patch ended the load: raise it here
+            raise AssertionError("the load ended before it was stopped")
 
     load = asyncio.create_task(publish_and_refresh())
     try:

@@ -35,12 +35,13 @@ async def test_a_thread_that_holds_the_gil_stalls_the_loop() -> None:
         while time.thread_time() < deadline:
             pass
 
+    interval = sys.getswitchinterval()
     sys.setswitchinterval(0.1)  # the GIL handed back every 100 ms, not every 5 ms
     try:
         async with LoopStall() as stall:
             await asyncio.to_thread(spin)
     finally:
-        sys.setswitchinterval(0.005)
+        sys.setswitchinterval(interval)
     assert stall.worst_ms >= 50, stall.worst_ms
 
 
